@@ -1,0 +1,56 @@
+# aenv — two commands on a fresh machine: `make run` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SYSTEM_STAMP := /var/lib/aenv-dev/.system-deps
+GEN := src/aenv/envd/gen
+PYTEST_ARGS ?=
+
+.PHONY: run test bench lint gen deps system-deps bundle clean
+
+# Install what is missing, then serve. Until the node server lands (next issue) this serves envd
+# alone, inside a throwaway bubblewrap root, on 127.0.0.1:49983.
+run: deps bundle
+	$(BIN)/python -m tests.envd.harness serve --port $${AENV_ENVD_PORT:-49983}
+
+test: deps
+	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: deps bundle
+	$(BIN)/python -m bench.envd_bench
+
+lint: deps
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+deps: system-deps $(STAMP)
+
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+bundle: deps
+	$(BIN)/aenv envd bundle --out build/envd-bundle
+
+# Regenerate envd's wire code from the .proto files (committed; never edited by hand).
+gen: $(STAMP)
+	rm -f $(GEN)/*_pb.py $(GEN)/*_connect.py
+	$(BIN)/python -m grpc_tools.protoc -Iproto \
+	  --plugin=protoc-gen-py=$(BIN)/protoc-gen-py \
+	  --plugin=protoc-gen-connectrpc=$(BIN)/protoc-gen-connectrpc \
+	  --py_out=$(GEN) --connectrpc_out=$(GEN) proto/process.proto proto/filesystem.proto
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Leaf package: errors, process runner, settings. Imports nothing else from aenv."""

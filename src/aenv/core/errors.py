@@ -1,0 +1,117 @@
+"""The one exception tree of aenv.
+
+Every error a user can see is an :class:`AenvError`. Each class knows the HTTP status and the
+Connect code it is rendered with, so no route or RPC handler builds an error body by hand::
+
+    AenvError
+    ├── InvalidArgument        400  invalid_argument
+    ├── Unauthenticated        401  unauthenticated
+    ├── PermissionDenied       403  permission_denied
+    ├── NotFound               404  not_found
+    ├── AlreadyExists          409  already_exists
+    ├── Conflict               409  aborted
+    ├── FailedPrecondition     400  failed_precondition
+    ├── ResourceExhausted      429  resource_exhausted
+    │   └── NotEnoughSpace     507  resource_exhausted
+    ├── Unavailable            503  unavailable
+    ├── Internal               500  internal
+    └── CommandError           500  internal      an external command failed
+        └── CommandTimeout     504  deadline_exceeded
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class AenvError(Exception):
+    """Root of every aenv error."""
+
+    http_status: int = 500
+    connect_code: str = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(AenvError):
+    http_status = 400
+    connect_code = "invalid_argument"
+
+
+class Unauthenticated(AenvError):
+    http_status = 401
+    connect_code = "unauthenticated"
+
+
+class PermissionDenied(AenvError):
+    http_status = 403
+    connect_code = "permission_denied"
+
+
+class NotFound(AenvError):
+    http_status = 404
+    connect_code = "not_found"
+
+
+class AlreadyExists(AenvError):
+    http_status = 409
+    connect_code = "already_exists"
+
+
+class Conflict(AenvError):
+    http_status = 409
+    connect_code = "aborted"
+
+
+class FailedPrecondition(AenvError):
+    http_status = 400
+    connect_code = "failed_precondition"
+
+
+class ResourceExhausted(AenvError):
+    http_status = 429
+    connect_code = "resource_exhausted"
+
+
+class NotEnoughSpace(ResourceExhausted):
+    http_status = 507
+
+
+class Unavailable(AenvError):
+    http_status = 503
+    connect_code = "unavailable"
+
+
+class Internal(AenvError):
+    http_status = 500
+    connect_code = "internal"
+
+
+class CommandError(AenvError):
+    """An external command exited non-zero (or could not start)."""
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str) -> None:
+        shown = " ".join(argv)
+        tail = stderr.strip()[-2000:]
+        super().__init__(f"command {shown!r} failed ({returncode}): {tail}")
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+class CommandTimeout(CommandError):
+    http_status = 504
+    connect_code = "deadline_exceeded"
+
+
+def all_error_classes() -> list[type[AenvError]]:
+    """Every class of the tree (used by the test that each one is mapped)."""
+    found: list[type[AenvError]] = []
+    pending: list[type[AenvError]] = [AenvError]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found

@@ -1,0 +1,34 @@
+"""``python -m aenv.envd --port 49983`` (also what the bundle's ``bin/envd`` runs)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from aenv.envd import DEFAULT_PORT, ENVD_VERSION
+from aenv.envd.state import EnvdState
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="envd", description="aenv's in-sandbox daemon")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--user", default="user", help="default user for processes and files")
+    parser.add_argument("--workdir", default=None, help="default working directory")
+    parser.add_argument("--access-token", default=None, help="require this X-Access-Token")
+    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--version", action="version", version=ENVD_VERSION)
+    args = parser.parse_args(argv)
+    # The bundle's launcher points Python at itself; user processes must not inherit that.
+    for name in ("PYTHONHOME", "PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONDONTWRITEBYTECODE"):
+        os.environ.pop(name, None)
+    state = EnvdState(
+        access_token=args.access_token, default_user=args.user, default_workdir=args.workdir
+    )
+    from aenv.envd.server import serve  # after the environment is clean
+
+    serve(args.host, args.port, state, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""``filesystem.Filesystem``: entries, directory operations and inotify watchers."""

@@ -1,0 +1,1 @@
+"""Wire code generated from proto/*.proto by `make gen`. Never edit by hand."""

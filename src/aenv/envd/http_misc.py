@@ -1,0 +1,76 @@
+"""envd's small plain-HTTP endpoints: ``/health``, ``/init``, ``/envs``, ``/metrics``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from aenv.envd.state import EnvdState
+from aenv.envd.sysmetrics import CpuSampler, snapshot
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    """E2B's envd error body: the integer status repeated as ``code``."""
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+async def health(request: Request) -> Response:
+    return Response(status_code=204)
+
+
+def _string_map(value: Any, name: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError(f"{name} must be an object of strings")
+    return dict(value)
+
+
+async def init(request: Request) -> Response:
+    """Set the access token, sandbox env vars and default user/workdir (orchestrator only)."""
+    state: EnvdState = request.app.state.envd
+    try:
+        body = json.loads(await request.body() or b"{}")
+        if not isinstance(body, dict):
+            raise ValueError("body must be a JSON object")
+        env_vars = _string_map(body.get("envVars"), "envVars")
+        token = body.get("accessToken")
+        user = body.get("defaultUser")
+        workdir = body.get("defaultWorkdir")
+        for name, value in (("accessToken", token), ("defaultUser", user),
+                            ("defaultWorkdir", workdir)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string")
+    except ValueError as exc:
+        return error_response(400, f"invalid init request: {exc}")
+    # Once a token is set, only its holder may change the sandbox's identity.
+    if state.access_token is not None and not state.token_matches(
+        request.headers.get("x-access-token")
+    ) and token != state.access_token:
+        return error_response(401, "unauthorized access, please provide a valid access token")
+    if token is not None:
+        state.access_token = token or None
+    if env_vars:
+        state.env_vars.update(env_vars)
+    if user:
+        state.default_user = user
+    if workdir:
+        state.default_workdir = workdir
+    return Response(status_code=204)
+
+
+async def envs(request: Request) -> Response:
+    state: EnvdState = request.app.state.envd
+    return JSONResponse(state.env_vars)
+
+
+_sampler = CpuSampler()
+
+
+async def metrics(request: Request) -> Response:
+    return JSONResponse(snapshot(_sampler))

@@ -1,0 +1,1 @@
+"""Processes started through ``process.Process``: spawning, output fan-out, the RPC service."""

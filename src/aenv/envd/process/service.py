@@ -1,0 +1,211 @@
+"""``process.Process``: the Connect-RPC service over :class:`ProcessManager`."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+
+from connectrpc.request import RequestContext
+from protobuf import Oneof
+
+from aenv.core.errors import InvalidArgument
+from aenv.envd.gen import process_pb as pb
+from aenv.envd.process.exitstatus import ExitInfo
+from aenv.envd.process.manager import (
+    DEFAULT_PATH,
+    Event,
+    ManagedProcess,
+    Output,
+    ProcessConfig,
+    ProcessManager,
+)
+from aenv.envd.rpc import keepalive_interval, request_user
+from aenv.envd.state import EnvdState
+from aenv.envd.users import User, resolve_path
+
+_SIGNALS = {pb.Signal.SIGKILL: signal.SIGKILL, pb.Signal.SIGTERM: signal.SIGTERM}
+
+
+def _select(selector: pb.ProcessSelector | None) -> dict[str, object]:
+    match selector.selector if selector is not None else None:
+        case Oneof("pid", pid):
+            return {"pid": pid}
+        case Oneof("tag", tag):
+            return {"tag": tag}
+    raise InvalidArgument("a process selector (pid or tag) is required")
+
+
+def _event(event: Event) -> pb.ProcessEvent:
+    if isinstance(event, Output):
+        data = pb.ProcessEvent.DataEvent(output=Oneof(event.stream, event.data))
+        return pb.ProcessEvent(event=Oneof("data", data))
+    end = pb.ProcessEvent.EndEvent(
+        exit_code=event.exit_code, exited=event.exited, status=event.status, error=event.error
+    )
+    return pb.ProcessEvent(event=Oneof("end", end))
+
+
+_KEEPALIVE = pb.ProcessEvent(event=Oneof("keepalive", pb.ProcessEvent.KeepAlive()))
+
+
+async def _events(
+    proc: ManagedProcess, queue: asyncio.Queue[Event], keepalive_s: float
+) -> AsyncIterator[pb.ProcessEvent]:
+    """start, then output and keepalives, then end; detaches (not kills) when the client goes."""
+    try:
+        yield pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=proc.pid)))
+        while True:
+            try:
+                async with asyncio.timeout(keepalive_s):
+                    event = await queue.get()
+            except TimeoutError:
+                yield _KEEPALIVE
+                continue
+            yield _event(event)
+            if isinstance(event, ExitInfo):
+                return
+    finally:
+        proc.unsubscribe(queue)
+
+
+def _process_env(state: EnvdState, user: User, request_envs: dict[str, str]) -> dict[str, str]:
+    env = {
+        "PATH": DEFAULT_PATH,
+        "HOME": user.home,
+        "USER": user.name,
+        "LOGNAME": user.name,
+    }
+    env.update(state.env_vars)
+    env.update(request_envs)
+    return env
+
+
+class ProcessService:
+    def __init__(self, state: EnvdState, manager: ProcessManager) -> None:
+        self.state = state
+        self.manager = manager
+
+    async def start(
+        self, request: pb.StartRequest, ctx: RequestContext
+    ) -> AsyncIterator[pb.StartResponse]:
+        user = request_user(ctx, self.state)
+        cfg = request.process
+        if cfg is None or not cfg.cmd:
+            raise InvalidArgument("process.cmd is required")
+        cwd = resolve_path(cfg.cwd, user, self.state.default_workdir) if cfg.cwd else (
+            self.state.default_workdir or user.home
+        )
+        envs = dict(cfg.envs)
+        pty_size = None
+        if request.pty is not None:
+            size = request.pty.size
+            pty_size = (size.cols or 80, size.rows or 24) if size is not None else (80, 24)
+        # Older SDKs do not send `stdin`; E2B keeps it open for them.
+        stdin = request.stdin if request.has_field("stdin") else True
+        proc = self.manager.start(
+            [cfg.cmd, *cfg.args],
+            config=ProcessConfig(cfg.cmd, tuple(cfg.args), envs, cwd),
+            env=_process_env(self.state, user, envs),
+            user=user,
+            tag=request.tag if request.has_field("tag") else None,
+            pty_size=pty_size,
+            stdin=stdin,
+        )
+        # Connect-Timeout-Ms is the process's lifetime, not just the stream's.
+        timeout_ms = ctx.timeout_ms
+        killer = None
+        if timeout_ms is not None:
+            loop = asyncio.get_running_loop()
+            killer = loop.call_later(max(timeout_ms, 0) / 1000, _kill_if_running, proc)
+        queue = proc.subscribe()
+        try:
+            async for event in _events(proc, queue, keepalive_interval(ctx)):
+                yield pb.StartResponse(event=event)
+        finally:
+            if killer is not None and not proc.running:
+                killer.cancel()
+
+    async def connect(
+        self, request: pb.ConnectRequest, ctx: RequestContext
+    ) -> AsyncIterator[pb.ConnectResponse]:
+        proc = self.manager.find(**_select(request.process))  # type: ignore[arg-type]
+        queue = proc.subscribe()
+        async for event in _events(proc, queue, keepalive_interval(ctx)):
+            yield pb.ConnectResponse(event=event)
+
+    async def list(self, request: pb.ListRequest, ctx: RequestContext) -> pb.ListResponse:
+        return pb.ListResponse(
+            processes=[
+                pb.ProcessInfo(
+                    pid=p.pid,
+                    tag=p.tag,
+                    config=pb.ProcessConfig(
+                        cmd=p.config.cmd, args=list(p.config.args), envs=dict(p.config.envs),
+                        cwd=p.config.cwd,
+                    ),
+                )
+                for p in self.manager.list_running()
+            ]
+        )
+
+    async def send_input(
+        self, request: pb.SendInputRequest, ctx: RequestContext
+    ) -> pb.SendInputResponse:
+        proc = self.manager.find_running(**_select(request.process))  # type: ignore[arg-type]
+        await _write_input(proc, request.input)
+        return pb.SendInputResponse()
+
+    async def stream_input(
+        self, request: AsyncIterator[pb.StreamInputRequest], ctx: RequestContext
+    ) -> pb.StreamInputResponse:
+        proc: ManagedProcess | None = None
+        async for message in request:
+            match message.event:
+                case Oneof("start", start):
+                    proc = self.manager.find_running(**_select(start.process))  # type: ignore[arg-type]
+                case Oneof("data", data):
+                    if proc is None:
+                        raise InvalidArgument("the first StreamInput message must be start")
+                    await _write_input(proc, data.input)
+                case _:
+                    pass  # keepalive
+        return pb.StreamInputResponse()
+
+    async def send_signal(
+        self, request: pb.SendSignalRequest, ctx: RequestContext
+    ) -> pb.SendSignalResponse:
+        proc = self.manager.find_running(**_select(request.process))  # type: ignore[arg-type]
+        signum = _SIGNALS.get(request.signal)
+        if signum is None:
+            raise InvalidArgument(f"unsupported signal {request.signal!r}")
+        proc.send_signal(signum)
+        return pb.SendSignalResponse()
+
+    async def close_stdin(
+        self, request: pb.CloseStdinRequest, ctx: RequestContext
+    ) -> pb.CloseStdinResponse:
+        proc = self.manager.find_running(**_select(request.process))  # type: ignore[arg-type]
+        proc.close_stdin()
+        return pb.CloseStdinResponse()
+
+    async def update(self, request: pb.UpdateRequest, ctx: RequestContext) -> pb.UpdateResponse:
+        proc = self.manager.find_running(**_select(request.process))  # type: ignore[arg-type]
+        if request.pty is not None and request.pty.size is not None:
+            proc.resize(request.pty.size.cols, request.pty.size.rows)
+        return pb.UpdateResponse()
+
+
+async def _write_input(proc: ManagedProcess, data: pb.ProcessInput | None) -> None:
+    match data.input if data is not None else None:
+        case Oneof("stdin", payload):
+            await proc.write_input(payload, pty=False)
+        case Oneof("pty", payload):
+            await proc.write_input(payload, pty=True)
+        case _:
+            raise InvalidArgument("input must carry stdin or pty bytes")
+
+
+def _kill_if_running(proc: ManagedProcess) -> None:
+    if proc.running:
+        proc.send_signal(signal.SIGKILL)

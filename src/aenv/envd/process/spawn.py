@@ -1,0 +1,96 @@
+"""Start a user process with pipes or a pseudo-terminal, as a given OS user.
+
+This is envd's only use of ``subprocess``: these are the *user's* processes (long-lived,
+interactive, with PTYs and user switching), not aenv's own helper commands, which go through
+``aenv.core.proc``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import subprocess
+import termios
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from aenv.envd.users import User
+
+
+@dataclass
+class Spawned:
+    popen: subprocess.Popen[bytes]
+    #: Readable ends in the parent: ``{"stdout": fd, "stderr": fd}`` or ``{"pty": master}``.
+    outputs: dict[str, int]
+    #: Where input goes: the stdin pipe, the PTY master, or ``None`` (stdin is /dev/null).
+    input_fd: int | None
+    pty_master: int | None
+
+
+def _set_controlling_tty() -> None:
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def set_winsize(fd: int, cols: int, rows: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _identity(user: User) -> dict[str, object]:
+    """Popen keywords that switch to ``user`` (nothing when we already are that user)."""
+    if os.geteuid() == user.uid:
+        return {}
+    return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str,
+    user: User,
+    pty_size: tuple[int, int] | None,
+    stdin: bool,
+) -> Spawned:
+    """Start ``argv``; raises ``OSError`` when it cannot be executed."""
+    ident = _identity(user)
+    if pty_size is not None:
+        master, slave = os.openpty()
+        try:
+            os.set_blocking(master, False)
+            set_winsize(slave, *pty_size)
+            if ident:
+                os.fchown(slave, user.uid, -1)
+            popen = subprocess.Popen(
+                list(argv), stdin=slave, stdout=slave, stderr=slave, env=dict(env), cwd=cwd,
+                start_new_session=True, preexec_fn=_set_controlling_tty, close_fds=True,
+                **ident,  # type: ignore[arg-type]
+            )
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        return Spawned(popen, {"pty": master}, master, master)
+
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (subprocess.DEVNULL, None)
+    child_ends = [out_w, err_w] + ([in_r] if stdin else [])
+    try:
+        popen = subprocess.Popen(
+            list(argv), stdin=in_r, stdout=out_w, stderr=err_w, env=dict(env), cwd=cwd,
+            start_new_session=True, close_fds=True,
+            **ident,  # type: ignore[arg-type]
+        )
+    except BaseException:
+        for fd in (out_r, err_r, in_w):
+            if fd is not None:
+                os.close(fd)
+        raise
+    finally:
+        for fd in child_ends:
+            os.close(fd)
+    for fd in (out_r, err_r) + ((in_w,) if in_w is not None else ()):
+        os.set_blocking(fd, False)
+    return Spawned(popen, {"stdout": out_r, "stderr": err_r}, in_w, None)

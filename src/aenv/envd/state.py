@@ -1,0 +1,26 @@
+"""Mutable, sandbox-wide envd state: set by ``POST /init``, read by every request."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EnvdState:
+    #: Once set, every request but ``/health`` and ``/files`` (which may be signed) needs it.
+    access_token: str | None = None
+    #: Sandbox-wide environment, applied to every process under the per-process envs.
+    env_vars: dict[str, str] = field(default_factory=dict)
+    default_user: str = "user"
+    #: Working directory for processes and relative paths; ``None`` means the user's home.
+    default_workdir: str | None = None
+    started_monotonic: float = field(default_factory=time.monotonic)
+
+    def token_matches(self, presented: str | None) -> bool:
+        if self.access_token is None:
+            return True
+        if presented is None:
+            return False
+        return hmac.compare_digest(presented.encode(), self.access_token.encode())

@@ -1,0 +1,68 @@
+"""Who a request acts as, and where its paths point.
+
+The OS user comes from ``Authorization: Basic base64("<user>:")`` (password ignored); absent
+means envd's default user. Relative paths resolve against the user's home, ``~`` expands to it,
+and an empty path means the default working directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import posixpath
+import pwd
+from dataclasses import dataclass
+
+from aenv.core.errors import InvalidArgument, Unauthenticated
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    gid: int
+    home: str
+    groups: tuple[int, ...]
+
+
+def lookup_user(name: str) -> User:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise Unauthenticated(f"invalid username: '{name}'") from None
+    try:
+        groups = tuple(os.getgrouplist(name, entry.pw_gid))
+    except OSError:
+        groups = (entry.pw_gid,)
+    return User(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir or "/", groups)
+
+
+def username_from_authorization(header: str | None) -> str | None:
+    """The user named by a ``Basic`` Authorization header, or ``None`` when there is none."""
+    if not header:
+        return None
+    scheme, _, payload = header.partition(" ")
+    if scheme.lower() != "basic":
+        raise Unauthenticated("authorization header must use the Basic scheme")
+    try:
+        decoded = base64.b64decode(payload.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        raise Unauthenticated("malformed Basic authorization header") from None
+    name, _, _password = decoded.partition(":")
+    if not name:
+        raise Unauthenticated("invalid username: ''")
+    return name
+
+
+def resolve_path(path: str, user: User, default_workdir: str | None) -> str:
+    """An absolute, normalised path for ``path`` as seen by ``user``."""
+    if "\x00" in path:
+        raise InvalidArgument("path must not contain NUL bytes")
+    if path == "":
+        return default_workdir or user.home
+    if path == "~" or path.startswith("~/"):
+        path = user.home + path[1:]
+    elif not path.startswith("/"):
+        path = posixpath.join(user.home, path)
+    return posixpath.normpath(path) if path != "/" else "/"
