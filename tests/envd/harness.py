@@ -167,7 +167,9 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 20
     raise TimeoutError(f"envd at {url} not healthy after {timeout}s")
 
 
-def start_envd(port: int, *, bundle: Path | None = None, scratch: Path | None = None) -> EnvdSandbox:
+def start_envd(
+    port: int, *, bundle: Path | None = None, scratch: Path | None = None
+) -> EnvdSandbox:
     if not port_free(port):
         raise RuntimeError(f"port {port} is taken; stop whatever listens there first")
     owns = scratch is None

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from connectrpc.code import Code
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
 from connectrpc.errors import ConnectError
 from connectrpc.request import RequestContext
 
@@ -15,6 +16,9 @@ from aenv.envd.state import EnvdState
 from aenv.envd.users import User, lookup_user, username_from_authorization
 
 log = logging.getLogger("aenv.envd")
+
+#: The request context every handler receives (message types vary per method).
+Ctx = RequestContext[Any, Any]
 
 _CODES: dict[str, Code] = {code.value: code for code in Code}
 
@@ -37,8 +41,8 @@ class ErrorMappingInterceptor:
     """Renders every exception a handler raises as a proper Connect error, never a traceback."""
 
     async def intercept_unary(
-        self, call_next: Callable[[Any, RequestContext], Awaitable[Any]], request: Any,
-        ctx: RequestContext, /,
+        self, call_next: Callable[[Any, Ctx], Awaitable[Any]], request: Any,
+        ctx: Ctx, /,
     ) -> Any:
         try:
             return await call_next(request, ctx)
@@ -46,8 +50,8 @@ class ErrorMappingInterceptor:
             raise to_connect_error(exc) from exc
 
     async def intercept_client_stream(
-        self, call_next: Callable[[AsyncIterator[Any], RequestContext], Awaitable[Any]],
-        request: AsyncIterator[Any], ctx: RequestContext, /,
+        self, call_next: Callable[[AsyncIterator[Any], Ctx], Awaitable[Any]],
+        request: AsyncIterator[Any], ctx: Ctx, /,
     ) -> Any:
         try:
             return await call_next(request, ctx)
@@ -55,8 +59,8 @@ class ErrorMappingInterceptor:
             raise to_connect_error(exc) from exc
 
     async def intercept_server_stream(
-        self, call_next: Callable[[Any, RequestContext], AsyncIterator[Any]], request: Any,
-        ctx: RequestContext, /,
+        self, call_next: Callable[[Any, Ctx], AsyncIterator[Any]], request: Any,
+        ctx: Ctx, /,
     ) -> AsyncIterator[Any]:
         try:
             async for message in call_next(request, ctx):
@@ -65,7 +69,31 @@ class ErrorMappingInterceptor:
             raise to_connect_error(exc) from exc
 
 
-def request_user(ctx: RequestContext, state: EnvdState) -> User:
+class StrictJSONCodec:
+    """The JSON codec, but a body that does not parse is the client's fault (invalid_argument),
+    not an ``unknown`` error with HTTP 500 as connectrpc reports it by default."""
+
+    def __init__(self) -> None:
+        self._inner: Codec[Any, Any] = proto_json_codec()
+
+    def name(self) -> str:
+        return self._inner.name()
+
+    def encode(self, message: Any) -> bytes:
+        return self._inner.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        try:
+            return self._inner.decode(data, message_class)
+        except Exception as exc:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"malformed request message: {exc}") from exc
+
+
+def codecs() -> list[Codec[Any, Any]]:
+    return [StrictJSONCodec(), proto_binary_codec()]
+
+
+def request_user(ctx: Ctx, state: EnvdState) -> User:
     """The OS user an RPC acts as (Basic header, else the sandbox's default user)."""
     name = username_from_authorization(ctx.request_headers.get("authorization"))
     return lookup_user(name or state.default_user)
@@ -75,7 +103,7 @@ def request_user(ctx: RequestContext, state: EnvdState) -> User:
 DEFAULT_KEEPALIVE_S = 90.0
 
 
-def keepalive_interval(ctx: RequestContext) -> float:
+def keepalive_interval(ctx: Ctx) -> float:
     raw = ctx.request_headers.get("keepalive-ping-interval")
     try:
         value = float(raw) if raw else DEFAULT_KEEPALIVE_S

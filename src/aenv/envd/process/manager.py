@@ -127,6 +127,11 @@ class ManagedProcess:
             os.kill(self.pid, signum)
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 async def _write_all(fd: int, data: bytes) -> None:
     loop = asyncio.get_running_loop()
     view = memoryview(data)
@@ -135,8 +140,8 @@ async def _write_all(fd: int, data: bytes) -> None:
             written = os.write(fd, view)
             view = view[written:]
         except BlockingIOError:
-            ready = loop.create_future()
-            loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_writer(fd, _resolve, ready)
             try:
                 await ready
             finally:
@@ -190,7 +195,9 @@ class ProcessManager:
         if not os.path.isdir(config.cwd):
             raise InvalidArgument(f"cwd '{config.cwd}' does not exist or is not a directory")
         try:
-            spawned = spawn(argv, env=env, cwd=config.cwd, user=user, pty_size=pty_size, stdin=stdin)
+            spawned = spawn(
+                argv, env=env, cwd=config.cwd, user=user, pty_size=pty_size, stdin=stdin
+            )
         except FileNotFoundError as exc:
             raise InvalidArgument(f"failed to start {config.cmd!r}: {exc.strerror}") from None
         except PermissionError as exc:
@@ -283,7 +290,8 @@ class ProcessManager:
         now = time.monotonic()
         while self._finished:
             pid, oldest = next(iter(self._finished.items()))
-            too_old = oldest.finished_at is not None and now - oldest.finished_at > FINISHED_RETENTION_S
+            age = now - (oldest.finished_at or now)
+            too_old = age > FINISHED_RETENTION_S
             if len(self._finished) > FINISHED_MAX or too_old:
                 self._finished.pop(pid)
             else:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import AsyncIterator
+from typing import Any
 
-from connectrpc.request import RequestContext
 from protobuf import Oneof
 
 from aenv.core.errors import InvalidArgument
@@ -20,9 +20,14 @@ from aenv.envd.process.manager import (
     ProcessConfig,
     ProcessManager,
 )
-from aenv.envd.rpc import keepalive_interval, request_user
+from aenv.envd.rpc import Ctx, keepalive_interval, request_user
 from aenv.envd.state import EnvdState
 from aenv.envd.users import User, resolve_path
+
+def _oneof(case: str, value: Any) -> Any:
+    """A oneof value (typed Any: protobuf-py's per-case Literal types defeat inference)."""
+    return Oneof(case, value)
+
 
 _SIGNALS = {pb.Signal.SIGKILL: signal.SIGKILL, pb.Signal.SIGTERM: signal.SIGTERM}
 
@@ -38,15 +43,15 @@ def _select(selector: pb.ProcessSelector | None) -> dict[str, object]:
 
 def _event(event: Event) -> pb.ProcessEvent:
     if isinstance(event, Output):
-        data = pb.ProcessEvent.DataEvent(output=Oneof(event.stream, event.data))
-        return pb.ProcessEvent(event=Oneof("data", data))
+        data = pb.ProcessEvent.DataEvent(output=_oneof(event.stream, event.data))
+        return pb.ProcessEvent(event=_oneof("data", data))
     end = pb.ProcessEvent.EndEvent(
         exit_code=event.exit_code, exited=event.exited, status=event.status, error=event.error
     )
-    return pb.ProcessEvent(event=Oneof("end", end))
+    return pb.ProcessEvent(event=_oneof("end", end))
 
 
-_KEEPALIVE = pb.ProcessEvent(event=Oneof("keepalive", pb.ProcessEvent.KeepAlive()))
+_KEEPALIVE = pb.ProcessEvent(event=_oneof("keepalive", pb.ProcessEvent.KeepAlive()))
 
 
 async def _events(
@@ -54,7 +59,7 @@ async def _events(
 ) -> AsyncIterator[pb.ProcessEvent]:
     """start, then output and keepalives, then end; detaches (not kills) when the client goes."""
     try:
-        yield pb.ProcessEvent(event=Oneof("start", pb.ProcessEvent.StartEvent(pid=proc.pid)))
+        yield pb.ProcessEvent(event=_oneof("start", pb.ProcessEvent.StartEvent(pid=proc.pid)))
         while True:
             try:
                 async with asyncio.timeout(keepalive_s):
@@ -87,7 +92,7 @@ class ProcessService:
         self.manager = manager
 
     async def start(
-        self, request: pb.StartRequest, ctx: RequestContext
+        self, request: pb.StartRequest, ctx: Ctx
     ) -> AsyncIterator[pb.StartResponse]:
         user = request_user(ctx, self.state)
         cfg = request.process
@@ -127,14 +132,14 @@ class ProcessService:
                 killer.cancel()
 
     async def connect(
-        self, request: pb.ConnectRequest, ctx: RequestContext
+        self, request: pb.ConnectRequest, ctx: Ctx
     ) -> AsyncIterator[pb.ConnectResponse]:
         proc = self.manager.find(**_select(request.process))  # type: ignore[arg-type]
         queue = proc.subscribe()
         async for event in _events(proc, queue, keepalive_interval(ctx)):
             yield pb.ConnectResponse(event=event)
 
-    async def list(self, request: pb.ListRequest, ctx: RequestContext) -> pb.ListResponse:
+    async def list(self, request: pb.ListRequest, ctx: Ctx) -> pb.ListResponse:
         return pb.ListResponse(
             processes=[
                 pb.ProcessInfo(
@@ -150,30 +155,29 @@ class ProcessService:
         )
 
     async def send_input(
-        self, request: pb.SendInputRequest, ctx: RequestContext
+        self, request: pb.SendInputRequest, ctx: Ctx
     ) -> pb.SendInputResponse:
         proc = self.manager.find_running(**_select(request.process))  # type: ignore[arg-type]
         await _write_input(proc, request.input)
         return pb.SendInputResponse()
 
     async def stream_input(
-        self, request: AsyncIterator[pb.StreamInputRequest], ctx: RequestContext
+        self, request: AsyncIterator[pb.StreamInputRequest], ctx: Ctx
     ) -> pb.StreamInputResponse:
         proc: ManagedProcess | None = None
         async for message in request:
-            match message.event:
-                case Oneof("start", start):
-                    proc = self.manager.find_running(**_select(start.process))  # type: ignore[arg-type]
-                case Oneof("data", data):
-                    if proc is None:
-                        raise InvalidArgument("the first StreamInput message must be start")
-                    await _write_input(proc, data.input)
-                case _:
-                    pass  # keepalive
+            event = message.event.value if message.event is not None else None
+            if isinstance(event, pb.StreamInputRequest.StartEvent):
+                proc = self.manager.find_running(**_select(event.process))  # type: ignore[arg-type]
+            elif isinstance(event, pb.StreamInputRequest.DataEvent):
+                if proc is None:
+                    raise InvalidArgument("the first StreamInput message must be start")
+                await _write_input(proc, event.input)
+            # else: keepalive
         return pb.StreamInputResponse()
 
     async def send_signal(
-        self, request: pb.SendSignalRequest, ctx: RequestContext
+        self, request: pb.SendSignalRequest, ctx: Ctx
     ) -> pb.SendSignalResponse:
         proc = self.manager.find_running(**_select(request.process))  # type: ignore[arg-type]
         signum = _SIGNALS.get(request.signal)
@@ -183,13 +187,13 @@ class ProcessService:
         return pb.SendSignalResponse()
 
     async def close_stdin(
-        self, request: pb.CloseStdinRequest, ctx: RequestContext
+        self, request: pb.CloseStdinRequest, ctx: Ctx
     ) -> pb.CloseStdinResponse:
         proc = self.manager.find_running(**_select(request.process))  # type: ignore[arg-type]
         proc.close_stdin()
         return pb.CloseStdinResponse()
 
-    async def update(self, request: pb.UpdateRequest, ctx: RequestContext) -> pb.UpdateResponse:
+    async def update(self, request: pb.UpdateRequest, ctx: Ctx) -> pb.UpdateResponse:
         proc = self.manager.find_running(**_select(request.process))  # type: ignore[arg-type]
         if request.pty is not None and request.pty.size is not None:
             proc.resize(request.pty.size.cols, request.pty.size.rows)

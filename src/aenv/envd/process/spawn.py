@@ -36,11 +36,19 @@ def set_winsize(fd: int, cols: int, rows: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-def _identity(user: User) -> dict[str, object]:
-    """Popen keywords that switch to ``user`` (nothing when we already are that user)."""
+@dataclass(frozen=True)
+class _Identity:
+    """Popen's user/group/extra_groups; all ``None`` when we already are that user."""
+
+    user: int | None = None
+    group: int | None = None
+    extra_groups: list[int] | None = None
+
+
+def _identity(user: User) -> _Identity:
     if os.geteuid() == user.uid:
-        return {}
-    return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
+        return _Identity()
+    return _Identity(user.uid, user.gid, list(user.groups))
 
 
 def spawn(
@@ -59,12 +67,12 @@ def spawn(
         try:
             os.set_blocking(master, False)
             set_winsize(slave, *pty_size)
-            if ident:
+            if ident.user is not None:
                 os.fchown(slave, user.uid, -1)
             popen = subprocess.Popen(
                 list(argv), stdin=slave, stdout=slave, stderr=slave, env=dict(env), cwd=cwd,
                 start_new_session=True, preexec_fn=_set_controlling_tty, close_fds=True,
-                **ident,  # type: ignore[arg-type]
+                user=ident.user, group=ident.group, extra_groups=ident.extra_groups,
             )
         except BaseException:
             os.close(master)
@@ -81,7 +89,7 @@ def spawn(
         popen = subprocess.Popen(
             list(argv), stdin=in_r, stdout=out_w, stderr=err_w, env=dict(env), cwd=cwd,
             start_new_session=True, close_fds=True,
-            **ident,  # type: ignore[arg-type]
+            user=ident.user, group=ident.group, extra_groups=ident.extra_groups,
         )
     except BaseException:
         for fd in (out_r, err_r, in_w):

@@ -1,0 +1,53 @@
+"""Fixtures that run one envd in a throwaway bubblewrap root for the whole session.
+
+The official E2B SDK talks to it in debug mode (no control plane): ``E2B_DEBUG=true`` plus
+``E2B_SANDBOX_URL`` pointing at the envd's port. Set ``AENV_TEST_BUNDLE=DIR`` to test a built
+bundle instead of the source tree.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from e2b import AsyncSandbox, Sandbox
+
+from tests.conftest import free_port
+from tests.envd.harness import EnvdSandbox, start_envd
+
+
+@pytest.fixture(scope="session")
+def envd() -> Iterator[EnvdSandbox]:
+    bundle = os.environ.get("AENV_TEST_BUNDLE")
+    sandbox = start_envd(free_port(), bundle=Path(bundle) if bundle else None)
+    os.environ["E2B_DEBUG"] = "true"
+    os.environ["E2B_SANDBOX_URL"] = sandbox.url
+    try:
+        yield sandbox
+    finally:
+        sandbox.stop()
+        log = sandbox.log()
+        if "Traceback" in log:
+            print("envd log contains tracebacks:\n" + log[-5000:])
+
+
+@pytest.fixture
+def sandbox(envd: EnvdSandbox) -> Sandbox:
+    return Sandbox.create()
+
+
+@pytest.fixture
+async def async_sandbox(envd: EnvdSandbox) -> AsyncIterator[AsyncSandbox]:
+    yield await AsyncSandbox.create()
+
+
+@pytest.fixture
+def workdir(sandbox: Sandbox) -> Iterator[str]:
+    """A fresh directory in the user's home, removed afterwards."""
+    path = f"/home/user/t-{uuid.uuid4().hex[:10]}"
+    sandbox.files.make_dir(path)
+    yield path
+    sandbox.files.remove(path)
