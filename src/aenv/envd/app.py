@@ -17,7 +17,7 @@ from aenv.envd.http_files import download, upload
 from aenv.envd.http_misc import envs, error_response, health, init, metrics
 from aenv.envd.process.manager import ProcessManager
 from aenv.envd.process.service import ProcessService
-from aenv.envd.rpc import ErrorMappingInterceptor
+from aenv.envd.rpc import ErrorMappingInterceptor, codecs
 from aenv.envd.state import EnvdState
 
 UNAUTHORIZED = (
@@ -41,11 +41,11 @@ class EnvdApp:
         interceptors = [ErrorMappingInterceptor()]
         self.process_rpc = ProcessASGIApplication(
             ProcessService(state, self.processes),  # type: ignore[arg-type]
-            interceptors=interceptors, read_max_bytes=RPC_READ_MAX_BYTES,
+            interceptors=interceptors, read_max_bytes=RPC_READ_MAX_BYTES, codecs=codecs(),
         )
         self.filesystem_rpc = FilesystemASGIApplication(
             FilesystemService(state, self.watchers),  # type: ignore[arg-type]
-            interceptors=interceptors, read_max_bytes=RPC_READ_MAX_BYTES,
+            interceptors=interceptors, read_max_bytes=RPC_READ_MAX_BYTES, codecs=codecs(),
         )
         self.http = Starlette(
             routes=[
@@ -111,4 +111,4 @@ def build_app(state: EnvdState | None = None) -> ASGIApp:
         ],
     )
     app.envd = core
-    return app
+    return app  # type: ignore[no-any-return]
