@@ -19,6 +19,28 @@ from tests.conftest import free_port
 from tests.envd.harness import EnvdSandbox, start_envd
 
 
+def sdk_sandbox(url: str, token: str | None = None) -> Sandbox:
+    """An SDK ``Sandbox`` bound to the envd at ``url``, holding ``token`` as its envd access
+    token, exactly as ``Sandbox.create`` builds one from a control-plane response."""
+    from e2b.connection_config import ConnectionConfig
+    from packaging.version import Version
+
+    from aenv.envd import ENVD_VERSION
+
+    headers = {"E2b-Sandbox-Id": "debug_sandbox_id", "E2b-Sandbox-Port": "49983"}
+    if token is not None:
+        headers["X-Access-Token"] = token
+    config = ConnectionConfig(debug=True, sandbox_url=url, extra_sandbox_headers=headers)
+    return Sandbox(
+        sandbox_id="debug_sandbox_id",
+        sandbox_domain=None,
+        envd_version=Version(ENVD_VERSION),
+        envd_access_token=token,
+        traffic_access_token=None,
+        connection_config=config,
+    )
+
+
 @pytest.fixture(scope="session")
 def envd() -> Iterator[EnvdSandbox]:
     bundle = os.environ.get("AENV_TEST_BUNDLE")

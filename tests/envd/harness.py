@@ -90,16 +90,32 @@ def bwrap_argv(scratch: Path, inner: list[str], *, extra_ro: list[Path]) -> list
     return argv
 
 
-def envd_command(port: int, bundle: Path | None) -> tuple[list[str], list[Path]]:
+def dev_exec_helper() -> Path:
+    """Compile envd's exec-as helper for source-tree runs (the bundle ships its own)."""
+    source = REPO / "src" / "aenv" / "envd" / "launcher" / "exec_as.c"
+    out = REPO / "build" / "dev" / "exec-as"
+    if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        subprocess.run(["gcc", "-static", "-Os", "-o", str(tmp), str(source)], check=True)
+        tmp.replace(out)
+    return out
+
+
+def envd_command(
+    port: int, bundle: Path | None, *, exec_helper: bool = True
+) -> tuple[list[str], list[Path]]:
     """The envd to run and the host paths it needs to see (read-only)."""
+    listen = ["--port", str(port), "--host", "127.0.0.1"]
     if bundle is not None:
-        return [str(bundle / "bin" / "envd"), "--port", str(port), "--host", "127.0.0.1"], [bundle]
+        return [str(bundle / "bin" / "envd"), *listen], [bundle]
     venv_python = REPO / ".venv" / "bin" / "python"
     base = Path(os.path.realpath(venv_python)).parents[1]  # the interpreter's installation
     paths = [REPO]
     if not str(base).startswith("/usr/"):
         paths.append(base)
-    return [str(venv_python), "-m", "aenv.envd", "--port", str(port), "--host", "127.0.0.1"], paths
+    helper = ["--exec-helper", str(dev_exec_helper())] if exec_helper else []
+    return [str(venv_python), "-m", "aenv.envd", *listen, *helper], paths
 
 
 def port_free(port: int) -> bool:
@@ -168,14 +184,15 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 20
 
 
 def start_envd(
-    port: int, *, bundle: Path | None = None, scratch: Path | None = None
+    port: int, *, bundle: Path | None = None, scratch: Path | None = None,
+    exec_helper: bool = True,
 ) -> EnvdSandbox:
     if not port_free(port):
         raise RuntimeError(f"port {port} is taken; stop whatever listens there first")
     owns = scratch is None
     scratch = scratch or Path(tempfile.mkdtemp(prefix="aenv-envd-"))
     prepare_root(scratch)
-    inner, paths = envd_command(port, bundle)
+    inner, paths = envd_command(port, bundle, exec_helper=exec_helper)
     log_path = scratch / "envd.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(

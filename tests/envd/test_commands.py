@@ -182,3 +182,26 @@ def test_many_sequential_commands(sandbox: Sandbox) -> None:
 def test_bad_user(sandbox: Sandbox) -> None:
     with pytest.raises(Exception, match="invalid username"):
         sandbox.commands.run("true", user="no-such-user")  # type: ignore[arg-type]
+
+
+def test_without_exec_helper_users_and_ptys_still_work() -> None:
+    """Source-tree envd without the bundle's exec-as helper falls back to Popen's own user
+    switch (slower, same behaviour)."""
+    from e2b import PtySize
+
+    from tests.conftest import free_port
+    from tests.envd.conftest import sdk_sandbox
+    from tests.envd.harness import start_envd
+
+    envd = start_envd(free_port(), exec_helper=False)
+    try:
+        sbx = sdk_sandbox(envd.url)
+        assert sbx.commands.run("id -un").stdout == "user\n"
+        assert sbx.commands.run("id -un", user="root").stdout == "root\n"
+        handle = sbx.pty.create(PtySize(rows=24, cols=80))
+        sbx.pty.send_stdin(handle.pid, b"tty; exit\n")
+        chunks: list[bytes] = []
+        handle.wait(on_pty=chunks.append)
+        assert b"/dev/pts/" in b"".join(chunks)
+    finally:
+        envd.stop()

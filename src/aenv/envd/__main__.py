@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from aenv.envd import DEFAULT_PORT, ENVD_VERSION
 from aenv.envd.state import EnvdState
@@ -16,9 +17,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--user", default="user", help="default user for processes and files")
     parser.add_argument("--workdir", default=None, help="default working directory")
     parser.add_argument("--access-token", default=None, help="require this X-Access-Token")
+    parser.add_argument(
+        "--exec-helper", default=None,
+        help="the exec-as helper (default: bin/exec-as of the bundle envd runs from, if any)",
+    )
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--version", action="version", version=ENVD_VERSION)
     args = parser.parse_args(argv)
+    helper = args.exec_helper
+    if helper is None:
+        bundled = os.path.join(sys.prefix, "bin", "exec-as")
+        helper = bundled if os.access(bundled, os.X_OK) else None
     # The bundle's launcher points Python at itself; user processes must not inherit that.
     for name in ("PYTHONHOME", "PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONDONTWRITEBYTECODE"):
         os.environ.pop(name, None)
@@ -27,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     from aenv.envd.server import serve  # after the environment is clean
 
-    serve(args.host, args.port, state, log_level=args.log_level)
+    serve(args.host, args.port, state, exec_helper=helper, log_level=args.log_level)
 
 
 if __name__ == "__main__":

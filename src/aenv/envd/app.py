@@ -34,9 +34,9 @@ RPC_READ_MAX_BYTES = 64 * 1024 * 1024
 class EnvdApp:
     """Top-level dispatcher: cheaper than a router for the hot RPC paths."""
 
-    def __init__(self, state: EnvdState) -> None:
+    def __init__(self, state: EnvdState, exec_helper: str | None = None) -> None:
         self.state = state
-        self.processes = ProcessManager()
+        self.processes = ProcessManager(exec_helper)
         self.watchers = WatcherRegistry()
         interceptors = [ErrorMappingInterceptor()]
         self.process_rpc = ProcessASGIApplication(
@@ -98,8 +98,8 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def build_app(state: EnvdState | None = None) -> ASGIApp:
-    core = EnvdApp(state or EnvdState())
+def build_app(state: EnvdState | None = None, exec_helper: str | None = None) -> ASGIApp:
+    core = EnvdApp(state or EnvdState(), exec_helper)
     app: Any = CORSMiddleware(
         core,
         allow_origins=["*"],

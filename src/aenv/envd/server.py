@@ -13,10 +13,13 @@ from aenv.envd.state import EnvdState
 IDLE_TIMEOUT_S = 640
 
 
-def serve(host: str, port: int, state: EnvdState, *, log_level: str = "warning") -> None:
+def serve(
+    host: str, port: int, state: EnvdState, *, exec_helper: str | None = None,
+    log_level: str = "warning",
+) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s envd %(levelname)s %(message)s")
     config = uvicorn.Config(
-        build_app(state),
+        build_app(state, exec_helper),
         host=host,
         port=port,
         loop="uvloop",

@@ -153,7 +153,8 @@ async def _write_all(fd: int, data: bytes) -> None:
 
 
 class ProcessManager:
-    def __init__(self) -> None:
+    def __init__(self, exec_helper: str | None = None) -> None:
+        self.exec_helper = exec_helper
         self._running: dict[int, ManagedProcess] = {}
         self._finished: OrderedDict[int, ManagedProcess] = OrderedDict()
 
@@ -196,7 +197,8 @@ class ProcessManager:
             raise InvalidArgument(f"cwd '{config.cwd}' does not exist or is not a directory")
         try:
             spawned = spawn(
-                argv, env=env, cwd=config.cwd, user=user, pty_size=pty_size, stdin=stdin
+                argv, env=env, cwd=config.cwd, user=user, pty_size=pty_size, stdin=stdin,
+                exec_helper=self.exec_helper,
             )
         except FileNotFoundError as exc:
             raise InvalidArgument(f"failed to start {config.cmd!r}: {exc.strerror}") from None

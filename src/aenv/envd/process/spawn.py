@@ -7,8 +7,10 @@ interactive, with PTYs and user switching), not aenv's own helper commands, whic
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import shutil
 import struct
 import subprocess
 import termios
@@ -51,6 +53,24 @@ def _identity(user: User) -> _Identity:
     return _Identity(user.uid, user.gid, list(user.groups))
 
 
+def _via_helper(
+    helper: str, argv: Sequence[str], user: User, *, ctty: bool
+) -> list[str]:
+    """``argv`` wrapped in the exec-as helper (see launcher/exec_as.c for why)."""
+    groups = ",".join(str(g) for g in user.groups) or "-"
+    return [helper, str(user.uid), str(user.gid), groups, "1" if ctty else "0", "--", *argv]
+
+
+def _check_executable(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """Fail like exec would, before the helper is involved, so a typo is an RPC error."""
+    program = argv[0]
+    found = program if "/" in program else shutil.which(program, path=env.get("PATH", ""))
+    if found is None or not os.path.exists(found):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if os.path.isdir(found):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+
+
 def spawn(
     argv: Sequence[str],
     *,
@@ -59,9 +79,19 @@ def spawn(
     user: User,
     pty_size: tuple[int, int] | None,
     stdin: bool,
+    exec_helper: str | None = None,
 ) -> Spawned:
-    """Start ``argv``; raises ``OSError`` when it cannot be executed."""
+    """Start ``argv``; raises ``OSError`` when it cannot be executed.
+
+    With ``exec_helper`` the user switch (and the PTY's controlling terminal) happen in the
+    helper, so Popen can use vfork; without it, Popen switches user itself (fork + exec).
+    """
     ident = _identity(user)
+    helper = exec_helper if ident.user is not None else None
+    if helper is not None:
+        _check_executable(argv, env)
+        argv = _via_helper(helper, argv, user, ctty=pty_size is not None)
+        ident = _Identity()
     if pty_size is not None:
         master, slave = os.openpty()
         try:
@@ -71,7 +101,8 @@ def spawn(
                 os.fchown(slave, user.uid, -1)
             popen = subprocess.Popen(
                 list(argv), stdin=slave, stdout=slave, stderr=slave, env=dict(env), cwd=cwd,
-                start_new_session=True, preexec_fn=_set_controlling_tty, close_fds=True,
+                start_new_session=True, close_fds=True,
+                preexec_fn=None if helper is not None else _set_controlling_tty,
                 user=ident.user, group=ident.group, extra_groups=ident.extra_groups,
             )
         except BaseException:
