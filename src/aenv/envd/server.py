@@ -17,7 +17,9 @@ def serve(
     host: str, port: int, state: EnvdState, *, exec_helper: str | None = None,
     log_level: str = "warning",
 ) -> None:
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s envd %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s envd %(levelname)s %(message)s"
+    )
     config = uvicorn.Config(
         build_app(state, exec_helper),
         host=host,

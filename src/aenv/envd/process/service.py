@@ -24,6 +24,7 @@ from aenv.envd.rpc import Ctx, keepalive_interval, request_user
 from aenv.envd.state import EnvdState
 from aenv.envd.users import User, resolve_path
 
+
 def _oneof(case: str, value: Any) -> Any:
     """A oneof value (typed Any: protobuf-py's per-case Literal types defeat inference)."""
     return Oneof(case, value)
@@ -173,7 +174,7 @@ class ProcessService:
                 if proc is None:
                     raise InvalidArgument("the first StreamInput message must be start")
                 await _write_input(proc, event.input)
-            # else: keepalive
+            # a KeepAlive message needs no action
         return pb.StreamInputResponse()
 
     async def send_signal(
