@@ -1,0 +1,133 @@
+"""Node configuration: one frozen object, read once in ``main()`` and passed down.
+
+Sources, later wins: defaults < TOML file (``AENV_CONFIG``, default ``/etc/aenv/aenv.toml`` if it
+exists) < ``AENV_*`` environment variables. Every field is documented; ``docs/config.md`` is
+generated from these docstrings (``python -m aenv.core.settings``). ``os.environ`` is read nowhere
+else in aenv.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_FILE = Path("/etc/aenv/aenv.toml")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="AENV_", frozen=True, extra="forbid", use_attribute_docstrings=True
+    )
+
+    home: Path = Path("/var/lib/aenv")
+    """State directory: database, layers, sandboxes' writable layers, runsc state, API key."""
+
+    listen: str = "127.0.0.1:3000"
+    """Address and port of the API and proxy (``host:port``)."""
+
+    api_key: str | None = None
+    """Key clients must send as ``X-API-KEY``. Unset: one is generated (``e2b_<40 hex>``),
+    stored in ``<home>/api_key`` and printed at start."""
+
+    runtime: Literal["gvisor", "fake"] = "gvisor"
+    """Sandbox runtime driver. ``fake`` keeps sandboxes in memory (tests of the control plane)."""
+
+    default_template: str = "base"
+    """Template used when a create request names none."""
+
+    default_timeout_s: int = Field(default=300, ge=1)
+    """Sandbox lifetime when the create request gives no ``timeout``."""
+
+    max_timeout_s: int = Field(default=86_400, ge=1)
+    """Longest lifetime a client may ask for (create, set_timeout, connect)."""
+
+    default_cpu_count: int = Field(default=2, ge=1)
+    """vCPUs of a sandbox (templates may override)."""
+
+    default_memory_mb: int = Field(default=1024, ge=64)
+    """Memory limit of a sandbox in MiB (templates may override)."""
+
+    disk_size_mb: int = Field(default=10_240, ge=64)
+    """Disk size reported for a sandbox's writable layer, MiB."""
+
+    max_sandboxes: int = Field(default=200, ge=1)
+    """Running sandboxes this node accepts before answering 429."""
+
+    ttl_check_interval_s: float = Field(default=0.5, gt=0)
+    """How often expired sandboxes are looked for."""
+
+    net_pool_size: int = Field(default=4, ge=0)
+    """Network slots kept prepared ahead of creates."""
+
+    envd_bundle: Path | None = None
+    """envd bundle directory mounted into sandboxes. Unset: ``<home>/envd-bundle``, built on
+    first start."""
+
+    envd_ready_timeout_s: float = Field(default=30.0, gt=0)
+    """How long a create waits for envd to answer before failing."""
+
+    sandbox_domain: str | None = None
+    """Returned as ``domain`` to clients (shapes ``get_host``); unset means the SDK default."""
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Server log level."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config_file = Path(os.environ.get("AENV_CONFIG", DEFAULT_CONFIG_FILE))
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if config_file.is_file():
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        return tuple(sources)
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0] or "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+def load(**overrides: Any) -> Settings:
+    return Settings(**overrides)
+
+
+def reference_markdown() -> str:
+    """The configuration reference, generated from the field docstrings."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `src/aenv/core/settings.py` by `python -m aenv.core.settings`.",
+        "Set keys in the TOML file named by `AENV_CONFIG` (default `/etc/aenv/aenv.toml`) or as",
+        "environment variables `AENV_<KEY>` (upper case), which win over the file.",
+        "",
+        "| key | env | default | description |",
+        "|---|---|---|---|",
+    ]
+    for name, field in Settings.model_fields.items():
+        default = field.default if field.default is not None else ""
+        doc = " ".join((field.description or "").split())
+        lines.append(f"| `{name}` | `AENV_{name.upper()}` | `{default}` | {doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference_markdown())

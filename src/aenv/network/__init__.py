@@ -1,0 +1,1 @@
+"""Per-sandbox network namespaces ("slots"), addressing, NAT and egress policy."""

@@ -1,0 +1,33 @@
+"""What a network slot is. Slots are prepared ahead of time (pooled) and handed to one sandbox.
+
+Every sandbox sees the *same* guest address (so a forked child restored from a memory snapshot
+keeps working); the host tells sandboxes apart by their host-side veth, binding sockets to it
+(``SO_BINDTODEVICE``) when it connects to a guest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Guest side of every slot (inside the sandbox), and the gateway the guest routes through.
+GUEST_IP = "169.254.0.21"
+GATEWAY_IP = "169.254.0.22"
+PREFIX_LEN = 30
+GUEST_MAC = "02:a0:e0:00:00:15"
+
+
+@dataclass(frozen=True)
+class NetSlot:
+    #: Slot index; names below derive from it.
+    index: int
+    #: Network namespace name (``ip netns``) and its path.
+    netns: str
+    netns_path: str
+    #: Host-side veth (root namespace); sockets to the guest bind to it.
+    host_ifname: str
+    #: Guest-side veth inside the netns (runsc takes it over).
+    guest_ifname: str
+    guest_ip: str = GUEST_IP
+    gateway_ip: str = GATEWAY_IP
+    prefix_len: int = PREFIX_LEN
+    guest_mac: str = GUEST_MAC

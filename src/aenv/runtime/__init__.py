@@ -1,0 +1,1 @@
+"""Runtime drivers: one interface (base.Runtime), several implementations."""

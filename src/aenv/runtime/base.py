@@ -1,0 +1,93 @@
+"""The runtime driver interface: what the orchestrator needs from gVisor, Firecracker or a fake.
+
+Drivers own processes and kernel objects of a sandbox's *execution*; they never touch the store.
+The orchestrator passes in everything a driver needs (rootfs, network slot, resources) and keeps
+the lifecycle truth itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from aenv.network.base import NetSlot
+
+#: envd's port inside every sandbox.
+ENVD_PORT = 49983
+#: Where the envd bundle is mounted (read-only) inside every sandbox.
+ENVD_MOUNT = "/opt/aenv/envd"
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything needed to boot one sandbox."""
+
+    sandbox_id: str
+    #: Directory holding the merged root filesystem (prepared by storage; the driver only uses it).
+    rootfs: Path
+    #: The envd bundle directory on the host; mounted read-only at ENVD_MOUNT.
+    envd_bundle: Path
+    cpu_count: int
+    memory_mb: int
+    hostname: str = "sandbox"
+    #: Extra arguments for envd (e.g. --user, --workdir).
+    envd_args: tuple[str, ...] = ()
+    #: Environment of envd itself (not of user processes; those come from /init).
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A running sandbox as the driver knows it; persisted by the orchestrator as opaque JSON."""
+
+    sandbox_id: str
+    #: The driver's own id (runsc container id).
+    runtime_id: str
+    #: Host PID of the sandbox's root process (runsc sandbox/sentry), if known.
+    pid: int | None
+    net: NetSlot
+
+
+@dataclass(frozen=True)
+class Stats:
+    cpu_count: int
+    cpu_used_pct: float
+    mem_used: int
+    mem_total: int
+    mem_cache: int
+    disk_used: int
+    disk_total: int
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A sandbox the driver finds on the machine (for recovery after a server restart)."""
+
+    runtime_id: str
+    sandbox_id: str
+    status: str  # "running" | "paused" | "stopped" | "created" | "unknown"
+    pid: int | None
+
+
+class Runtime(Protocol):
+    name: str
+
+    async def boot(self, spec: SandboxSpec, net: NetSlot) -> Instance:
+        """Cold-start a sandbox whose envd listens on ``net.guest_ip:ENVD_PORT``.
+
+        Prerequisites: ``spec.rootfs`` exists; ``net`` is a prepared, unused slot.
+        On success: the sandbox's init (envd) has been started; readiness is the caller's check.
+        On failure: nothing of the sandbox is left running; raises ``RuntimeFailure``.
+        """
+        ...
+
+    async def destroy(self, instance: Instance) -> None:
+        """Kill every process of the sandbox and release the driver's state. Idempotent."""
+        ...
+
+    async def observe(self) -> list[Observed]:
+        """Every sandbox this driver has on the machine, as it sees them now."""
+        ...
+
+    async def stats(self, instance: Instance) -> Stats: ...

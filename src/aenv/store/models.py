@@ -1,0 +1,78 @@
+"""Rows as immutable records."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from aenv.core.states import SandboxState
+
+
+@dataclass(frozen=True)
+class SandboxRecord:
+    sandbox_id: str
+    template_id: str
+    state: SandboxState
+    version: int
+    created_at: float
+    started_at: float
+    end_at: float
+    cpu_count: int
+    memory_mb: int
+    disk_size_mb: int
+    envd_token: str
+    client_id: str
+    alias: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    auto_pause: bool = False
+    auto_resume: bool = False
+    allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+    #: The runtime driver's own view (runtime id, pid, net slot), as JSON.
+    instance: dict[str, Any] | None = None
+    state_changed_at: float = 0.0
+    last_error: str | None = None
+
+    def evolve(self, **changes: Any) -> SandboxRecord:
+        return replace(self, **changes)
+
+
+JSON_COLUMNS = {"metadata", "env_vars", "network", "instance"}
+BOOL_COLUMNS = {"auto_pause", "auto_resume"}
+COLUMNS = [f.name for f in fields(SandboxRecord)]
+
+
+def to_row(record: SandboxRecord) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for name in COLUMNS:
+        value = getattr(record, name)
+        if name in JSON_COLUMNS:
+            value = None if value is None else json.dumps(value, sort_keys=True)
+        elif name in BOOL_COLUMNS:
+            value = int(value)
+        elif name == "allow_internet_access":
+            value = None if value is None else int(value)
+        elif name == "state":
+            value = str(value)
+        row[name] = value
+    return row
+
+
+def from_row(row: dict[str, Any]) -> SandboxRecord:
+    values: dict[str, Any] = {}
+    for name in COLUMNS:
+        value = row[name]
+        if name in JSON_COLUMNS:
+            value = None if value is None else json.loads(value)
+            if value is None and name in ("metadata", "env_vars"):
+                value = {}
+        elif name in BOOL_COLUMNS:
+            value = bool(value)
+        elif name == "allow_internet_access":
+            value = None if value is None else bool(value)
+        elif name == "state":
+            value = SandboxState(value)
+        values[name] = value
+    return SandboxRecord(**values)

@@ -1,0 +1,160 @@
+"""The node store on SQLite in WAL mode.
+
+Every state change is a compare-and-set on the row's ``version``: callers read a record, decide,
+and write back only if nobody changed it in between (``Conflict`` otherwise). A change is durable
+once the call returns: WAL with ``synchronous=NORMAL`` survives a crash of the server process (the
+OS still has the pages); ``durable=True`` in settings switches to FULL for power-loss safety.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from aenv.core.errors import Conflict, NotFound
+from aenv.core.states import SandboxState, allowed
+from aenv.store.migrations import MIGRATIONS
+from aenv.store.models import COLUMNS, SandboxRecord, from_row, to_row
+
+
+class Store:
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    @classmethod
+    async def open(cls, path: Path, *, synchronous: str = "NORMAL") -> Store:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = await aiosqlite.connect(path, isolation_level=None)
+        db.row_factory = aiosqlite.Row
+        await db.execute("PRAGMA journal_mode=WAL")
+        await db.execute(f"PRAGMA synchronous={synchronous}")
+        await db.execute("PRAGMA busy_timeout=5000")
+        store = cls(db)
+        await store._migrate()
+        return store
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def _migrate(self) -> None:
+        await self._db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
+        async with self._db.execute("SELECT MAX(version) FROM schema_version") as cur:
+            row = await cur.fetchone()
+        current = (row[0] if row else None) or 0
+        for number, script in enumerate(MIGRATIONS, start=1):
+            if number <= current:
+                continue
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in filter(None, (s.strip() for s in script.split(";"))):
+                    await self._db.execute(statement)
+                await self._db.execute("INSERT INTO schema_version VALUES (?)", (number,))
+                await self._db.execute("COMMIT")
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+
+    # -- sandboxes ---------------------------------------------------------------------------
+
+    async def insert(self, record: SandboxRecord) -> None:
+        row = to_row(record)
+        names = ", ".join(row)
+        marks = ", ".join(f":{k}" for k in row)
+        await self._db.execute(f"INSERT INTO sandboxes ({names}) VALUES ({marks})", row)
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        async with self._db.execute(
+            "SELECT * FROM sandboxes WHERE sandbox_id = ?", (sandbox_id,)
+        ) as cur:
+            row = await cur.fetchone()
+        return from_row(dict(row)) if row else None
+
+    async def require(self, sandbox_id: str) -> SandboxRecord:
+        record = await self.get(sandbox_id)
+        if record is None:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        return record
+
+    async def list(
+        self, states: Iterable[SandboxState] | None = None
+    ) -> list[SandboxRecord]:
+        query = "SELECT * FROM sandboxes"
+        args: list[Any] = []
+        wanted = list(states) if states is not None else None
+        if wanted is not None:
+            query += f" WHERE state IN ({', '.join('?' for _ in wanted)})"
+            args = [str(s) for s in wanted]
+        query += " ORDER BY started_at DESC, sandbox_id DESC"
+        async with self._db.execute(query, args) as cur:
+            rows = await cur.fetchall()
+        return [from_row(dict(r)) for r in rows]
+
+    async def expired(self, now: float) -> list[SandboxRecord]:
+        async with self._db.execute(
+            "SELECT * FROM sandboxes WHERE state = ? AND end_at <= ?",
+            (str(SandboxState.RUNNING), now),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [from_row(dict(r)) for r in rows]
+
+    async def count(self, states: Sequence[SandboxState]) -> int:
+        marks = ", ".join("?" for _ in states)
+        async with self._db.execute(
+            f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({marks})", [str(s) for s in states]
+        ) as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def update(self, record: SandboxRecord, **changes: Any) -> SandboxRecord:
+        """Write ``changes`` if the row is still at ``record.version`` (else ``Conflict``)."""
+        new = record.evolve(version=record.version + 1, **changes)
+        if new.state != record.state:
+            if not allowed(record.state, new.state):
+                raise Conflict(
+                    f"sandbox {record.sandbox_id} cannot go from {record.state} to {new.state}"
+                )
+            new = new.evolve(state_changed_at=time.time())
+        row = to_row(new)
+        sets = ", ".join(f"{k} = :{k}" for k in COLUMNS if k != "sandbox_id")
+        cur = await self._db.execute(
+            f"UPDATE sandboxes SET {sets} WHERE sandbox_id = :sandbox_id AND version = :old",
+            {**row, "old": record.version},
+        )
+        if cur.rowcount != 1:
+            raise Conflict(f"sandbox {record.sandbox_id} changed concurrently; retry")
+        if new.state != record.state:
+            await self.add_event(new.sandbox_id, f"state:{new.state}", {"from": str(record.state)})
+        return new
+
+    async def delete(self, record: SandboxRecord) -> None:
+        cur = await self._db.execute(
+            "DELETE FROM sandboxes WHERE sandbox_id = ? AND version = ?",
+            (record.sandbox_id, record.version),
+        )
+        if cur.rowcount != 1:
+            raise Conflict(f"sandbox {record.sandbox_id} changed concurrently; retry")
+        await self.add_event(record.sandbox_id, "deleted", None)
+
+    # -- events ------------------------------------------------------------------------------
+
+    async def add_event(self, sandbox_id: str, kind: str, detail: Any) -> None:
+        await self._db.execute(
+            "INSERT INTO events (sandbox_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+            (sandbox_id, time.time(), kind, None if detail is None else json.dumps(detail)),
+        )
+
+    async def events(self, sandbox_id: str) -> list[dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT at, kind, detail FROM events WHERE sandbox_id = ? ORDER BY id", (sandbox_id,)
+        ) as cur:
+            rows = await cur.fetchall()
+        return [
+            {"at": r["at"], "kind": r["kind"],
+             "detail": json.loads(r["detail"]) if r["detail"] else None}
+            for r in rows
+        ]
