@@ -46,7 +46,8 @@ class Instance:
     runtime_id: str
     #: Host PID of the sandbox's root process (runsc sandbox/sentry), if known.
     pid: int | None
-    net: NetSlot
+    #: None only for orphans found on the machine that no record describes.
+    net: NetSlot | None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ OS still has the pages); ``durable=True`` in settings switches to FULL for power
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -82,7 +83,7 @@ class Store:
 
     async def list(
         self, states: Iterable[SandboxState] | None = None
-    ) -> list[SandboxRecord]:
+    ) -> builtins.list[SandboxRecord]:
         query = "SELECT * FROM sandboxes"
         args: list[Any] = []
         wanted = list(states) if states is not None else None
@@ -94,7 +95,7 @@ class Store:
             rows = await cur.fetchall()
         return [from_row(dict(r)) for r in rows]
 
-    async def expired(self, now: float) -> list[SandboxRecord]:
+    async def expired(self, now: float) -> builtins.list[SandboxRecord]:
         async with self._db.execute(
             "SELECT * FROM sandboxes WHERE state = ? AND end_at <= ?",
             (str(SandboxState.RUNNING), now),
@@ -148,7 +149,7 @@ class Store:
             (sandbox_id, time.time(), kind, None if detail is None else json.dumps(detail)),
         )
 
-    async def events(self, sandbox_id: str) -> list[dict[str, Any]]:
+    async def events(self, sandbox_id: str) -> builtins.list[dict[str, Any]]:
         async with self._db.execute(
             "SELECT at, kind, detail FROM events WHERE sandbox_id = ? ORDER BY id", (sandbox_id,)
         ) as cur:

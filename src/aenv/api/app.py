@@ -1,0 +1,45 @@
+"""The node's one ASGI app: requests for a sandbox go to the proxy, the rest to the API."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from aenv.api import errors
+from aenv.api.routes import public, router
+from aenv.orchestrator.context import Node
+from aenv.proxy.app import Proxy
+from aenv.proxy.errors import bad_target
+from aenv.proxy.routing import Target, route
+
+
+def build_api(node: Node, api_key: str) -> FastAPI:
+    api = FastAPI(title="aenv", version="0.1.0", docs_url=None, redoc_url=None)
+    api.state.node = node
+    api.state.api_key = api_key
+    errors.install(api)
+    api.include_router(public)
+    api.include_router(router)
+    return api
+
+
+class NodeApp:
+    """Dispatch on the E2B sandbox headers / host before any routing or auth."""
+
+    def __init__(self, api: ASGIApp, proxy: Proxy) -> None:
+        self.api = api
+        self.proxy = proxy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            target = route(scope)
+            if isinstance(target, Target):
+                await self.proxy(scope, receive, send, target)
+                return
+            if isinstance(target, str):
+                if scope["type"] == "http":
+                    await bad_target(target)(scope, receive, send)
+                else:
+                    await send({"type": "websocket.close", "code": 1008})
+                return
+        await self.api(scope, receive, send)

@@ -1,0 +1,60 @@
+"""Store records -> E2B wire models."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from aenv.api.schemas import Lifecycle, ListedSandbox, SandboxDetail, SandboxOut
+from aenv.core.settings import Settings
+from aenv.envd import ENVD_VERSION
+from aenv.store.models import SandboxRecord
+
+
+def iso(ts: float) -> str:
+    """RFC 3339 in UTC with a ``Z``, as E2B sends timestamps."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds").replace(
+        "+00:00", "Z"
+    )
+
+
+def sandbox_out(record: SandboxRecord, settings: Settings) -> SandboxOut:
+    return SandboxOut(
+        templateID=record.template_id,
+        sandboxID=record.sandbox_id,
+        clientID=record.client_id,
+        envdVersion=ENVD_VERSION,
+        envdAccessToken=record.envd_token,
+        trafficAccessToken=None,
+        domain=settings.sandbox_domain,
+        alias=record.alias,
+    )
+
+
+def listed(record: SandboxRecord) -> ListedSandbox:
+    return ListedSandbox(
+        templateID=record.template_id,
+        alias=record.alias,
+        sandboxID=record.sandbox_id,
+        clientID=record.client_id,
+        startedAt=iso(record.started_at),
+        endAt=iso(record.end_at),
+        cpuCount=record.cpu_count,
+        memoryMB=record.memory_mb,
+        diskSizeMB=record.disk_size_mb,
+        state=record.state.public,
+        envdVersion=ENVD_VERSION,
+        metadata=record.metadata,
+    )
+
+
+def detail(record: SandboxRecord, settings: Settings) -> SandboxDetail:
+    return SandboxDetail(
+        **listed(record).model_dump(),
+        envdAccessToken=record.envd_token,
+        domain=settings.sandbox_domain,
+        allowInternetAccess=record.allow_internet_access,
+        network=record.network,
+        lifecycle=Lifecycle(
+            onTimeout="pause" if record.auto_pause else "kill", autoResume=record.auto_resume
+        ),
+    )

@@ -1,0 +1,51 @@
+"""Every error body the API sends: ``{"code": <HTTP status>, "message": ...}`` (e2b-compat §2.2).
+
+The JS SDK branches on the body's ``code``, so it must repeat the HTTP status as an integer.
+Routes raise :class:`aenv.core.errors.AenvError` subclasses; nothing builds a body by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from aenv.core.errors import AenvError
+
+log = logging.getLogger("aenv.api")
+
+
+def error_body(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+    return "invalid request: " + "; ".join(parts)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(AenvError)
+    async def _domain(request: Request, exc: AenvError) -> JSONResponse:
+        if exc.http_status >= 500:
+            log.error("%s %s failed: %s", request.method, request.url.path, exc.message)
+        return error_body(exc.http_status, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_body(400, _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_body(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_body(500, f"internal error: {type(exc).__name__}")

@@ -1,0 +1,211 @@
+"""E2B control-plane routes, v1 and v2 (e2b-compat §2.3-2.4). Status codes are exact: the
+generated SDK clients parse a body only for the documented success code."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from aenv.api import listing
+from aenv.api.auth import require_api_key
+from aenv.api.convert import detail, iso, listed, sandbox_out
+from aenv.api.schemas import (
+    ConnectBody,
+    ListedSandbox,
+    NewSandbox,
+    RefreshBody,
+    SandboxDetail,
+    SandboxMetric,
+    SandboxOut,
+    TimeoutBody,
+)
+from aenv.core.errors import Conflict, InvalidArgument, NotFound
+from aenv.core.ids import is_sandbox_id
+from aenv.core.states import SandboxState
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.ops import connect as connect_op
+from aenv.orchestrator.ops import create as create_op
+from aenv.orchestrator.ops import kill as kill_op
+from aenv.orchestrator.ops import lifetime, metrics
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+public = APIRouter()
+
+
+def node_of(request: Request) -> Node:
+    node: Node = request.app.state.node
+    return node
+
+
+NodeDep = Annotated[Node, Depends(node_of)]
+
+
+def _checked_id(sandbox_id: str) -> str:
+    # Anything that is not one of our ids cannot exist: 404, as for an unknown id.
+    if not is_sandbox_id(sandbox_id):
+        raise NotFound(f"sandbox {sandbox_id} not found")
+    return sandbox_id
+
+
+@public.get("/health")
+async def health() -> PlainTextResponse:
+    return PlainTextResponse("Health check successful")
+
+
+async def _create(node: Node, body: NewSandbox) -> SandboxOut:
+    timeout = node.settings.default_timeout_s if body.timeout is None else body.timeout
+    if timeout > node.settings.max_timeout_s:
+        raise InvalidArgument(
+            f"timeout {timeout}s exceeds the maximum of {node.settings.max_timeout_s}s"
+        )
+    params = create_op.CreateParams(
+        template=body.template_id,
+        timeout_s=timeout,
+        metadata=body.metadata or {},
+        env_vars=body.env_vars or {},
+        auto_pause=body.auto_pause,
+        auto_resume=bool(body.auto_resume and body.auto_resume.enabled),
+        allow_internet_access=body.allow_internet_access,
+        network=body.network,
+    )
+    record = await create_op.create(node, params)
+    return sandbox_out(record, node.settings)
+
+
+@router.post("/v2/sandboxes", status_code=201, response_model=SandboxOut)
+async def create_v2(body: NewSandbox, node: NodeDep) -> SandboxOut:
+    return await _create(node, body)
+
+
+@router.post("/sandboxes", status_code=201, response_model=SandboxOut)
+async def create_v1(body: NewSandbox, node: NodeDep) -> SandboxOut:
+    return await _create(node, body)
+
+
+@router.get("/v2/sandboxes", response_model=list[ListedSandbox])
+async def list_v2(
+    node: NodeDep,
+    response: Response,
+    metadata: str | None = None,
+    state: Annotated[list[str] | None, Query()] = None,
+    order: str | None = None,
+    startedAfter: str | None = None,
+    template: str | None = None,
+    nextToken: str | None = None,
+    limit: int | None = None,
+) -> list[ListedSandbox]:
+    if order not in (None, "", "asc", "desc"):
+        raise InvalidArgument("order must be asc or desc")
+    query = listing.ListQuery(
+        states=listing.parse_states(state),
+        metadata=listing.parse_metadata(metadata),
+        ascending=order == "asc",
+        started_after=listing.parse_started_after(startedAfter),
+        template=template or None,
+        cursor=listing.decode_cursor(nextToken),
+        limit=listing.parse_limit(limit),
+    )
+    records = await node.store.list(_VISIBLE)
+    page, cursor = listing.apply(records, query)
+    if cursor:
+        response.headers["X-Next-Token"] = cursor
+    response.headers["X-Total-Running"] = str(
+        sum(1 for r in records if r.state.public == "running")
+    )
+    return [listed(r) for r in page]
+
+
+_VISIBLE = [SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.PAUSING,
+            SandboxState.RESUMING, SandboxState.SNAPSHOTTING, SandboxState.FORKING]
+
+
+@router.get("/sandboxes", response_model=list[ListedSandbox])
+async def list_v1(node: NodeDep, metadata: str | None = None) -> list[ListedSandbox]:
+    wanted = listing.parse_metadata(metadata)
+    records = await node.store.list([SandboxState.RUNNING])
+    return [
+        listed(r) for r in records
+        if all(r.metadata.get(k) == v for k, v in wanted.items())
+    ]
+
+
+@router.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail)
+async def get_sandbox(sandbox_id: str, node: NodeDep) -> SandboxDetail:
+    record = await node.store.require(_checked_id(sandbox_id))
+    if record.state in (SandboxState.CREATING, SandboxState.KILLING):
+        raise NotFound(f"sandbox {sandbox_id} not found")
+    return detail(record, node.settings)
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204)
+async def kill_sandbox(sandbox_id: str, node: NodeDep) -> Response:
+    await kill_op.kill(node, _checked_id(sandbox_id))
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+async def set_timeout(sandbox_id: str, body: TimeoutBody, node: NodeDep) -> Response:
+    await lifetime.set_timeout(node, _checked_id(sandbox_id), body.timeout)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
+async def refresh(sandbox_id: str, node: NodeDep, body: RefreshBody | None = None) -> Response:
+    seconds = node.settings.default_timeout_s
+    if body is not None and body.duration is not None:
+        seconds = body.duration
+    await lifetime.set_timeout(node, _checked_id(sandbox_id), seconds, allow_shorter=False)
+    return Response(status_code=204)
+
+
+async def _connect(node: Node, sandbox_id: str, timeout: int | None) -> JSONResponse:
+    record, resumed = await connect_op.connect(node, _checked_id(sandbox_id), timeout)
+    body = sandbox_out(record, node.settings).model_dump()
+    return JSONResponse(body, status_code=201 if resumed else 200)
+
+
+@router.post("/v2/sandboxes/{sandbox_id}/connect", response_model=SandboxOut)
+async def connect_v2(
+    sandbox_id: str, node: NodeDep, body: ConnectBody | None = None
+) -> JSONResponse:
+    return await _connect(node, sandbox_id, body.timeout if body else None)
+
+
+@router.post("/sandboxes/{sandbox_id}/connect", response_model=SandboxOut)
+async def connect_v1(sandbox_id: str, body: TimeoutBody, node: NodeDep) -> JSONResponse:
+    return await _connect(node, sandbox_id, body.timeout)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=201, response_model=SandboxOut)
+async def resume_v1(sandbox_id: str, node: NodeDep) -> JSONResponse:
+    record = await node.store.require(_checked_id(sandbox_id))
+    if record.state == SandboxState.RUNNING:
+        raise Conflict(f"sandbox {sandbox_id} is already running")
+    return await _connect(node, sandbox_id, None)
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics", response_model=list[SandboxMetric])
+async def sandbox_metrics(
+    sandbox_id: str, node: NodeDep, start: int | None = None, end: int | None = None
+) -> list[SandboxMetric]:
+    sample = await metrics.sample(node, _checked_id(sandbox_id))
+    if sample is None:
+        return []
+    now = int(sample.timestamp)
+    if (start is not None and now < start - 10) or (end is not None and now > end + 10):
+        return []
+    return [
+        SandboxMetric(
+            timestamp=iso(sample.timestamp),
+            timestampUnix=now,
+            cpuCount=sample.cpu_count,
+            cpuUsedPct=sample.cpu_used_pct,
+            memUsed=sample.mem_used,
+            memTotal=sample.mem_total,
+            memCache=sample.mem_cache,
+            diskUsed=sample.disk_used,
+            diskTotal=sample.disk_total,
+        )
+    ]

@@ -1,0 +1,103 @@
+"""Wire models of E2B's REST API, as the official SDKs send and parse them (e2b-compat.md §2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _In(BaseModel):
+    # Clients send fields we do not act on (mcp, iam, volumeMounts, ...): accept and ignore.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class AutoResume(_In):
+    enabled: bool = False
+
+
+class NewSandbox(_In):
+    """``POST /v2/sandboxes`` (and v1 ``POST /sandboxes``, which adds ``secure``)."""
+
+    template_id: str = Field(alias="templateID", min_length=1, max_length=255)
+    timeout: int | None = Field(default=None, ge=0)
+    auto_pause: bool = Field(default=False, alias="autoPause")
+    auto_pause_memory: bool | None = Field(default=None, alias="autoPauseMemory")
+    auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
+    # E2B's one snake_case key.
+    allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
+    secure: bool | None = None
+
+
+class TimeoutBody(_In):
+    timeout: int = Field(ge=0)
+
+
+class ConnectBody(_In):
+    timeout: int | None = Field(default=None, ge=0)
+    memory: bool | None = None
+
+
+class RefreshBody(_In):
+    duration: int | None = Field(default=None, ge=0)
+
+
+class ResumeBody(_In):
+    timeout: int | None = Field(default=None, ge=0)
+    auto_pause: bool | None = Field(default=None, alias="autoPause")
+
+
+class SandboxOut(BaseModel):
+    """``Sandbox``: what create and connect return."""
+
+    templateID: str
+    sandboxID: str
+    clientID: str
+    envdVersion: str
+    envdAccessToken: str | None = None
+    trafficAccessToken: str | None = None
+    domain: str | None = None
+    alias: str | None = None
+
+
+class Lifecycle(BaseModel):
+    onTimeout: str
+    autoResume: bool
+
+
+class ListedSandbox(BaseModel):
+    templateID: str
+    alias: str | None = None
+    sandboxID: str
+    clientID: str
+    startedAt: str
+    endAt: str
+    cpuCount: int
+    memoryMB: int
+    diskSizeMB: int
+    state: str
+    envdVersion: str
+    metadata: dict[str, str] | None = None
+
+
+class SandboxDetail(ListedSandbox):
+    envdAccessToken: str | None = None
+    domain: str | None = None
+    allowInternetAccess: bool | None = None
+    network: dict[str, Any] | None = None
+    lifecycle: Lifecycle | None = None
+
+
+class SandboxMetric(BaseModel):
+    timestamp: str
+    timestampUnix: int
+    cpuCount: int
+    cpuUsedPct: float
+    memUsed: int
+    memTotal: int
+    memCache: int
+    diskUsed: int
+    diskTotal: int

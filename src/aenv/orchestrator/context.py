@@ -1,0 +1,54 @@
+"""The small context every orchestrator operation runs over."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aenv.core.settings import Settings
+from aenv.orchestrator.deps import GuestConnector, RootfsManager, SlotPool, TemplateCatalog
+from aenv.runtime.base import Runtime
+from aenv.store.sqlite import Store
+
+
+class StreamRegistry:
+    """Proxied connections per sandbox, so killing a sandbox aborts its open streams."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, set[asyncio.Task[object]]] = {}
+
+    def add(self, sandbox_id: str, task: asyncio.Task[object]) -> None:
+        self._tasks.setdefault(sandbox_id, set()).add(task)
+
+    def discard(self, sandbox_id: str, task: asyncio.Task[object]) -> None:
+        tasks = self._tasks.get(sandbox_id)
+        if tasks is not None:
+            tasks.discard(task)
+            if not tasks:
+                del self._tasks[sandbox_id]
+
+    def abort(self, sandbox_id: str) -> int:
+        tasks = self._tasks.pop(sandbox_id, set())
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+    def count(self, sandbox_id: str) -> int:
+        return len(self._tasks.get(sandbox_id, ()))
+
+
+@dataclass
+class Node:
+    settings: Settings
+    store: Store
+    runtime: Runtime
+    pool: SlotPool
+    rootfs: RootfsManager
+    templates: TemplateCatalog
+    guests: GuestConnector
+    envd_bundle: Path
+    streams: StreamRegistry = field(default_factory=StreamRegistry)
+    clock: Callable[[], float] = time.time

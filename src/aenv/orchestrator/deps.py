@@ -1,0 +1,66 @@
+"""What the orchestrator needs from storage, network and templates, as small protocols.
+
+The concrete classes live in their packages; these protocols keep the orchestrator testable
+against honest fakes and keep imports pointing one way.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+from aenv.network.base import NetSlot
+
+
+@dataclass(frozen=True)
+class Template:
+    template_id: str
+    alias: str | None
+    #: Read-only layers, lowest first.
+    layers: tuple[Path, ...]
+    cpu_count: int | None = None
+    memory_mb: int | None = None
+    default_user: str = "user"
+    default_workdir: str = "/home/user"
+
+
+class TemplateCatalog(Protocol):
+    async def resolve(self, name: str) -> Template:
+        """The template called ``name`` (id or alias); ``NotFound`` if there is none."""
+        ...
+
+
+class SlotPool(Protocol):
+    async def acquire(self) -> NetSlot: ...
+
+    async def release(self, slot: NetSlot) -> None: ...
+
+    async def adopt(self, slot: NetSlot) -> None:
+        """Mark an existing slot (found on restart) as in use."""
+        ...
+
+
+class RootfsManager(Protocol):
+    async def assemble(self, sandbox_id: str, layers: tuple[Path, ...]) -> Path: ...
+
+    async def disassemble(self, sandbox_id: str, *, keep_upper: bool) -> None: ...
+
+    async def ensure_mounted(self, sandbox_id: str, layers: tuple[Path, ...]) -> Path: ...
+
+
+class GuestConnector(Protocol):
+    def transport(self, slot: NetSlot) -> httpx.AsyncBaseTransport:
+        """An httpx transport whose connections reach the guest behind ``slot`` (cached)."""
+        ...
+
+    async def open_socket(self, slot: NetSlot, port: int) -> socket.socket:
+        """A connected, non-blocking TCP socket to ``guest:port`` behind ``slot``."""
+        ...
+
+    async def forget(self, slot: NetSlot) -> None:
+        """Close cached connections of a slot that is being released."""
+        ...

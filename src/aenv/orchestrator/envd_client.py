@@ -1,0 +1,64 @@
+"""The orchestrator's side of envd: readiness, ``/init``, ``/metrics`` over the guest network."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from aenv.core.errors import Unavailable
+from aenv.network.base import NetSlot
+from aenv.runtime.base import ENVD_PORT
+
+#: Poll interval while waiting for a fresh envd to listen; a boot takes ~100s of ms.
+READY_POLL_S = 0.005
+
+
+class EnvdClient:
+    def __init__(self, transport: httpx.AsyncBaseTransport, slot: NetSlot) -> None:
+        self._http = httpx.AsyncClient(
+            transport=transport, base_url=f"http://{slot.guest_ip}:{ENVD_PORT}", timeout=10.0
+        )
+
+    async def __aenter__(self) -> EnvdClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._http.aclose()
+
+    async def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                response = await self._http.get("/health", timeout=1.0)
+                if response.status_code == 204:
+                    return
+            except httpx.HTTPError as exc:
+                last = exc
+            await asyncio.sleep(READY_POLL_S)
+        raise Unavailable(f"envd did not become ready within {timeout:.0f}s ({last})")
+
+    async def init(
+        self, *, token: str, env_vars: dict[str, str], user: str, workdir: str
+    ) -> None:
+        response = await self._http.post(
+            "/init",
+            json={
+                "accessToken": token,
+                "envVars": env_vars,
+                "defaultUser": user,
+                "defaultWorkdir": workdir,
+            },
+            headers={"X-Access-Token": token},
+        )
+        if response.status_code != 204:
+            raise Unavailable(f"envd /init failed: {response.status_code} {response.text}")
+
+    async def metrics(self, token: str) -> dict[str, Any]:
+        response = await self._http.get("/metrics", headers={"X-Access-Token": token})
+        response.raise_for_status()
+        data: dict[str, Any] = response.json()
+        return data

@@ -1,0 +1,122 @@
+"""Create a sandbox: slot, rootfs, boot, envd ready and initialised, then ``running``.
+
+Prerequisites: the template exists; the node is under its sandbox limit.
+On success: the record is ``running`` and envd answers with the sandbox's access token.
+On failure: everything acquired is released and the record deleted; the error propagates
+(``NotFound`` template, ``ResourceExhausted`` limit, ``Unavailable``/``RuntimeFailure`` boot).
+A crash mid-create leaves a ``creating`` record that recovery tears down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aenv.core.errors import ResourceExhausted
+from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
+from aenv.core.states import SandboxState
+from aenv.network.base import NetSlot
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.envd_client import EnvdClient
+from aenv.orchestrator.instance_codec import instance_json
+from aenv.orchestrator.ops.teardown import teardown
+from aenv.runtime.base import SandboxSpec
+from aenv.store.models import SandboxRecord
+
+log = logging.getLogger("aenv.orchestrator")
+
+_LIVE = [SandboxState.CREATING, SandboxState.RUNNING, SandboxState.RESUMING,
+         SandboxState.SNAPSHOTTING, SandboxState.FORKING]
+
+
+@dataclass(frozen=True)
+class CreateParams:
+    template: str
+    timeout_s: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    auto_pause: bool = False
+    auto_resume: bool = False
+    allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+
+
+async def create(node: Node, params: CreateParams) -> SandboxRecord:
+    template = await node.templates.resolve(params.template)
+    if await node.store.count(_LIVE) >= node.settings.max_sandboxes:
+        raise ResourceExhausted(
+            f"this node runs its maximum of {node.settings.max_sandboxes} sandboxes"
+        )
+    now = node.clock()
+    record = SandboxRecord(
+        sandbox_id=new_sandbox_id(),
+        template_id=template.template_id,
+        alias=template.alias,
+        state=SandboxState.CREATING,
+        version=1,
+        created_at=now,
+        started_at=now,
+        end_at=now + params.timeout_s,
+        cpu_count=template.cpu_count or node.settings.default_cpu_count,
+        memory_mb=template.memory_mb or node.settings.default_memory_mb,
+        disk_size_mb=node.settings.disk_size_mb,
+        envd_token=new_access_token(),
+        client_id=new_client_id(),
+        metadata=dict(params.metadata),
+        env_vars=dict(params.env_vars),
+        auto_pause=params.auto_pause,
+        auto_resume=params.auto_resume,
+        allow_internet_access=params.allow_internet_access,
+        network=params.network,
+    )
+    await node.store.insert(record)
+    try:
+        return await _boot(node, record, template)
+    except BaseException:
+        await asyncio.shield(_abandon(node, record.sandbox_id))
+        raise
+
+
+async def _boot(node: Node, record: SandboxRecord, template: Any) -> SandboxRecord:
+    slot: NetSlot = await node.pool.acquire()
+    # Persist the slot before using it, so recovery can release it after a crash.
+    record = await node.store.update(record, instance=instance_json(slot, None))
+    rootfs = await node.rootfs.assemble(record.sandbox_id, template.layers)
+    spec = SandboxSpec(
+        sandbox_id=record.sandbox_id,
+        rootfs=rootfs,
+        envd_bundle=node.envd_bundle,
+        cpu_count=record.cpu_count,
+        memory_mb=record.memory_mb,
+        envd_args=("--user", template.default_user, "--workdir", template.default_workdir),
+    )
+    instance = await node.runtime.boot(spec, slot)
+    record = await node.store.update(record, instance=instance_json(slot, instance))
+    async with EnvdClient(node.guests.transport(slot), slot) as envd:
+        await envd.wait_ready(node.settings.envd_ready_timeout_s)
+        await envd.init(
+            token=record.envd_token,
+            env_vars=record.env_vars,
+            user=template.default_user,
+            workdir=template.default_workdir,
+        )
+    # The lifetime counts from when the sandbox became usable.
+    now = node.clock()
+    timeout = record.end_at - record.started_at
+    return await node.store.update(
+        record, state=SandboxState.RUNNING, started_at=now, end_at=now + timeout
+    )
+
+
+async def _abandon(node: Node, sandbox_id: str) -> None:
+    record = await node.store.get(sandbox_id)
+    if record is None:
+        return
+    try:
+        record = await node.store.update(record, state=SandboxState.KILLING)
+        await teardown(node, record)
+        await node.store.delete(record)
+    except Exception:
+        log.exception("could not clean up failed create of %s; recovery will", sandbox_id)

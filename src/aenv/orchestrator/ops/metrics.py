@@ -1,0 +1,46 @@
+"""Sandbox metrics, sampled from envd inside the sandbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aenv.core.errors import Conflict
+from aenv.core.states import SandboxState
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.envd_client import EnvdClient
+from aenv.orchestrator.instance_codec import decode
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    timestamp: float
+    cpu_count: int
+    cpu_used_pct: float
+    mem_used: int
+    mem_total: int
+    mem_cache: int
+    disk_used: int
+    disk_total: int
+
+
+async def sample(node: Node, sandbox_id: str) -> MetricSample | None:
+    """A live sample, or ``None`` when the sandbox is not running (paused: no CPU, no memory)."""
+    record = await node.store.require(sandbox_id)
+    if record.state != SandboxState.RUNNING:
+        if record.state == SandboxState.PAUSED:
+            return None
+        raise Conflict(f"sandbox {sandbox_id} is {record.state}")
+    slot, _ = decode(record.instance, sandbox_id)
+    assert slot is not None
+    async with EnvdClient(node.guests.transport(slot), slot) as envd:
+        data = await envd.metrics(record.envd_token)
+    return MetricSample(
+        timestamp=node.clock(),
+        cpu_count=int(data.get("cpu_count", record.cpu_count)),
+        cpu_used_pct=float(data.get("cpu_used_pct", 0.0)),
+        mem_used=int(data.get("mem_used", 0)),
+        mem_total=int(data.get("mem_total", 0)),
+        mem_cache=int(data.get("mem_cache", 0)),
+        disk_used=int(data.get("disk_used", 0)),
+        disk_total=int(data.get("disk_total", 0)),
+    )

@@ -1,0 +1,37 @@
+"""The TTL loop: sandboxes past their end time are killed (auto-pause arrives with pause).
+
+Runs as one supervised task of the server; each expiry is handled independently, so one slow
+teardown does not hold the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aenv.core.errors import AenvError
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.ops.kill import kill
+
+log = logging.getLogger("aenv.orchestrator.ttl")
+
+
+async def expire_once(node: Node) -> list[str]:
+    """Kill every running sandbox whose end time has passed; returns their ids."""
+    expired = await node.store.expired(node.clock())
+    ids = [r.sandbox_id for r in expired]
+    results = await asyncio.gather(*(kill(node, i) for i in ids), return_exceptions=True)
+    for sandbox_id, result in zip(ids, results, strict=True):
+        if isinstance(result, AenvError):
+            log.info("expiry of %s deferred: %s", sandbox_id, result.message)
+        elif isinstance(result, BaseException):
+            log.error("expiry of %s failed", sandbox_id, exc_info=result)
+    return ids
+
+
+async def run_ttl_loop(node: Node) -> None:
+    while True:
+        with contextlib.suppress(Exception):
+            await expire_once(node)
+        await asyncio.sleep(node.settings.ttl_check_interval_s)
