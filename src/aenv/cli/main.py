@@ -1,0 +1,24 @@
+"""``aenv``: the root command; mounts each sub-command group (``aenv envd …``)."""
+
+from __future__ import annotations
+
+import typer
+
+from aenv.cli.envd import app as envd_app
+
+app = typer.Typer(
+    name="aenv",
+    help="Self-hosted sandboxes for AI agents, behind an E2B-compatible API.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(envd_app, name="envd")
+
+
+def main() -> None:
+    """Entry point of the ``aenv`` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Start a real aenv node server for tests: its own AENV_HOME, a free port, real gVisor.
+
+The base template is built once per machine into a shared cache (``AENV_TEST_CACHE``, default
+``/var/cache/aenv-test``) and shared by every test server through ``AENV_LAYERS_DIR``; the envd
+bundle is built once into ``build/envd-bundle``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("AENV_TEST_CACHE", "/var/cache/aenv-test"))
+BUNDLE = REPO / "build" / "envd-bundle"
+API_KEY = "e2b_" + "0123456789abcdef" * 2 + "01234567"
+
+
+@dataclass
+class NodeServer:
+    port: int
+    home: Path
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill9(self) -> None:
+        """Crash the server (the sandboxes it started must survive)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+
+def client_env(server: NodeServer) -> dict[str, str]:
+    return {
+        "E2B_API_KEY": API_KEY,
+        "E2B_API_URL": server.url,
+        "E2B_SANDBOX_URL": server.url,
+        "E2B_DOMAIN": "aenv.test",
+    }
+
+
+def wait_healthy(server: NodeServer, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=2)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"server not healthy after {timeout}s:\n{server.log()[-3000:]}")
+
+
+def start_server(port: int, home: Path | None = None, **settings: str) -> NodeServer:
+    home = home or Path(tempfile.mkdtemp(prefix="aenv-home-"))
+    CACHE.mkdir(parents=True, exist_ok=True)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))},
+        "AENV_HOME": str(home),
+        "AENV_LISTEN": f"127.0.0.1:{port}",
+        "AENV_API_KEY": API_KEY,
+        "AENV_LAYERS_DIR": str(CACHE / "layers"),
+        "AENV_ENVD_BUNDLE": str(BUNDLE),
+        "AENV_LOG_LEVEL": "info",
+        **{f"AENV_{k.upper()}": v for k, v in settings.items()},
+    }
+    log_path = home / "server.log"
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "aenv.server"], env=env, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=log, start_new_session=True, cwd=REPO,
+        )
+    server = NodeServer(port, home, process, log_path, env)
+    wait_healthy(server)
+    return server
+
+
+def cleanup_home(home: Path) -> None:
+    shutil.rmtree(home, ignore_errors=True)
