@@ -50,8 +50,8 @@ def envd() -> Iterator[EnvdSandbox]:
     try:
         yield sandbox
     finally:
+        log = sandbox.log()  # before stop(): stopping deletes the scratch dir holding it
         sandbox.stop()
-        log = sandbox.log()
         if "Traceback" in log:
             print("envd log contains tracebacks:\n" + log[-5000:])
 

@@ -9,7 +9,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv.envd.filesystem.service import FilesystemService
+from aenv.envd.filesystem.service import FilesystemService, end_watches_on_disconnect
 from aenv.envd.filesystem.watch import WatcherRegistry
 from aenv.envd.gen.filesystem_connect import FilesystemASGIApplication
 from aenv.envd.gen.process_connect import ProcessASGIApplication
@@ -43,10 +43,10 @@ class EnvdApp:
             ProcessService(state, self.processes),  # type: ignore[arg-type]
             interceptors=interceptors, read_max_bytes=RPC_READ_MAX_BYTES, codecs=codecs(),
         )
-        self.filesystem_rpc = FilesystemASGIApplication(
+        self.filesystem_rpc = end_watches_on_disconnect(FilesystemASGIApplication(
             FilesystemService(state, self.watchers),  # type: ignore[arg-type]
             interceptors=interceptors, read_max_bytes=RPC_READ_MAX_BYTES, codecs=codecs(),
-        )
+        ))
         self.http = Starlette(
             routes=[
                 Route("/health", health, methods=["GET"]),
