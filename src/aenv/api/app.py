@@ -7,10 +7,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api import errors
 from aenv.api.routes import public, router
+from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.proxy.app import Proxy
 from aenv.proxy.errors import bad_target
 from aenv.proxy.routing import Target, route
+from aenv.proxy.signed import signed_files_target
 
 
 def build_api(node: Node, api_key: str) -> FastAPI:
@@ -42,4 +44,10 @@ class NodeApp:
                 else:
                     await send({"type": "websocket.close", "code": 1008})
                 return
+            if scope["type"] == "http" and scope["path"] == "/files":
+                running = await self.proxy.node.store.list([SandboxState.RUNNING])
+                signed = signed_files_target(scope, running)
+                if signed is not None:
+                    await self.proxy(scope, receive, send, signed)
+                    return
         await self.api(scope, receive, send)
