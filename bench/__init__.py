@@ -1,0 +1,2 @@
+"""Benchmarks (``make bench``); results go to bench/results/ (gitignored), summaries to
+docs/benchmarks.md."""
