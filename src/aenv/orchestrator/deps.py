@@ -7,6 +7,7 @@ against honest fakes and keep imports pointing one way.
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -45,11 +46,13 @@ class SlotPool(Protocol):
 
 
 class RootfsManager(Protocol):
-    async def assemble(self, sandbox_id: str, layers: tuple[Path, ...]) -> Path: ...
+    async def assemble(self, sandbox_id: str, lowers: Sequence[Path]) -> Path: ...
 
     async def disassemble(self, sandbox_id: str, *, keep_upper: bool) -> None: ...
 
-    async def ensure_mounted(self, sandbox_id: str, layers: tuple[Path, ...]) -> Path: ...
+    async def ensure_mounted(self, sandbox_id: str) -> Path:
+        """Re-mount a sandbox's rootfs (same lowers as recorded at assemble) if it is not."""
+        ...
 
 
 class GuestConnector(Protocol):

@@ -51,8 +51,7 @@ async def recover(node: Node) -> Plan:
         slot, _ = decode(record.instance, record.sandbox_id)
         if slot is not None:
             await node.pool.adopt(slot)
-        template = await node.templates.resolve(record.template_id)
-        await node.rootfs.ensure_mounted(record.sandbox_id, template.layers)
+        await node.rootfs.ensure_mounted(record.sandbox_id)
         log.info("re-attached sandbox %s", record.sandbox_id)
     for record in todo.teardown:
         log.info("tearing down sandbox %s left %s by a previous run", record.sandbox_id,

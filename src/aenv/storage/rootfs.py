@@ -1,0 +1,553 @@
+"""Per-sandbox root filesystems: an overlayfs mount of shared read-only layers plus one upper.
+
+Owns, for each sandbox, these entries of ``<home>/sandboxes/<id>/`` and nothing else there (the
+runtime keeps its bundle and logs next to them)::
+
+    upper/        the sandbox's writable delta (survives unmounts: pause, host reboot)
+    work/         overlayfs' scratch directory (same filesystem as upper/)
+    rootfs/       the merged view, the directory handed to the runtime as the sandbox's "/"
+    rootfs.json   which lowers the upper was created over (absolute paths, lowest first)
+
+The lowers (layer directories, normally from :class:`aenv.storage.layers.LayerStore`) are shared
+by every sandbox and never written: the kernel writes only to upper/ and work/.
+
+Mounts are made with ``mount -t overlay`` through :func:`aenv.core.proc.run` rather than the
+mount syscall through ctypes: a mount costs ~2 ms of fork/exec next to a sandbox boot of hundreds,
+util-linux reports errors in words we can pass on, and there is no hand-written syscall ABI to
+get wrong. Lower paths are passed relative to their common parent (``cwd`` of the mount
+command) because the legacy mount(2) call copies at most one page of options: with 64-character
+layer ids that leaves room for ~60 lowers, above which the chain must be compacted.
+
+The mount table (``/proc/self/mountinfo``) is the truth for what is mounted, ``rootfs.json`` for
+what an upper belongs to; both survive a server restart, so recovery is :meth:`list_mounted`
+plus :meth:`ensure_mounted`. Callers serialize operations on one sandbox (the orchestrator does,
+through its compare-and-set state machine); nothing here is global state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aenv.core import proc
+from aenv.core.errors import CommandError, Conflict, InvalidArgument, NotFound
+
+#: Sandbox ids become path components: letters, digits, ``_.-``, not starting with a dot.
+_SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+#: Characters overlayfs would parse inside a lowerdir list (``:`` separates lowers, ``,``
+#: options, ``\\`` escapes) or that mountinfo escapes; layer paths never need them.
+_BAD_PATH_CHARS = re.compile(r"[:,\\\s]")
+#: The legacy mount(2) syscall copies at most one page of option data, NUL included.
+MOUNT_OPTIONS_MAX = 4095
+#: overlayfs refuses deeper stacks (OVL_MAX_STACK in fs/overlayfs).
+MAX_LOWERS = 500
+#: A mount or unmount is a few milliseconds; this long means a hung filesystem below us.
+MOUNT_TIMEOUT_S = 30.0
+#: Stacked mounts on one mount point can only come from a bug or an outside actor; we peel off
+#: at most this many before giving up, so a misbehaving mount table cannot loop us forever.
+_MAX_STACKED = 8
+#: Fixed options: no index (lowers are shared by many overlays and an upper must be mountable
+#: over other lowers later), and neither metacopy nor redirect_dir, so that an upper stays a
+#: self-contained tree that can be sealed into a portable lower layer.
+_OVERLAY_OPTIONS = "index=off,metacopy=off,redirect_dir=off"
+#: Source field of our mounts: makes them recognisable in ``mount`` output.
+_MOUNT_SOURCE = "aenv"
+#: Who the sandbox's unprivileged user is when the rootfs does not say (E2B's ``user``).
+DEFAULT_USER_UID = 1000
+DEFAULT_USER_GID = 1000
+
+
+def check_sandbox_id(sandbox_id: str) -> str:
+    """Return ``sandbox_id`` if it is safe as a path component, else raise InvalidArgument."""
+    if not _SANDBOX_ID.match(sandbox_id):
+        raise InvalidArgument(f"invalid sandbox id {sandbox_id!r}")
+    return sandbox_id
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    """Where one sandbox's filesystem pieces live on the host."""
+
+    dir: Path
+    upper: Path
+    work: Path
+    rootfs: Path
+    record: Path
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    """One line of ``/proc/self/mountinfo`` (the fields we use)."""
+
+    mount_id: int
+    mount_point: str
+    fstype: str
+    source: str
+    super_options: dict[str, str]
+
+
+@dataclass(frozen=True)
+class MountedRootfs:
+    """A sandbox rootfs found mounted in the mount table."""
+
+    sandbox_id: str
+    rootfs: Path
+    mount_id: int
+    #: ``lowerdir`` as the kernel shows it: top first, relative to the lowers' common parent.
+    lowerdir: tuple[str, ...]
+    upperdir: str | None
+
+
+def read_mountinfo(path: str = "/proc/self/mountinfo") -> list[MountInfo]:
+    """Parse the mount table of this process's mount namespace.
+
+    Prerequisites: /proc is mounted.
+    On success: every mount, in mount order (later mounts stack over earlier ones).
+    On failure: ``OSError`` if the table cannot be read.
+    """
+    with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+        lines = fh.read().splitlines()
+    mounts: list[MountInfo] = []
+    for line in lines:
+        # Fields: id, parent, dev, root, mount point, options, [optional...], "-", fstype,
+        # source, super options (see proc(5)).
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split(" ")
+        tail = right.split(" ")
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        options: dict[str, str] = {}
+        for item in tail[2].split(","):
+            key, _, value = item.partition("=")
+            options[key] = _unescape(value)
+        mounts.append(
+            MountInfo(
+                mount_id=int(fields[0]),
+                mount_point=_unescape(fields[4]),
+                fstype=tail[0],
+                source=_unescape(tail[1]),
+                super_options=options,
+            )
+        )
+    return mounts
+
+
+def _unescape(text: str) -> str:
+    # The kernel escapes space, tab, newline and backslash as \ooo octal.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+class RootfsStore:
+    """The overlay root filesystems of one aenv home (``<home>/sandboxes``)."""
+
+    def __init__(self, sandboxes_dir: Path) -> None:
+        # The kernel reports mount points by their real path; resolve symlinks once so that
+        # what we compute and what mountinfo shows compare equal.
+        self.root = Path(os.path.realpath(sandboxes_dir))
+
+    @classmethod
+    def at_home(cls, home: Path) -> RootfsStore:
+        """The rootfs store of the aenv home ``home`` (``<home>/sandboxes``)."""
+        return cls(Path(home) / "sandboxes")
+
+    def paths(self, sandbox_id: str) -> SandboxPaths:
+        """The host paths of sandbox ``sandbox_id`` (whether or not they exist)."""
+        base = self.root / check_sandbox_id(sandbox_id)
+        return SandboxPaths(
+            dir=base,
+            upper=base / "upper",
+            work=base / "work",
+            rootfs=base / "rootfs",
+            record=base / "rootfs.json",
+        )
+
+    # -- observing ----------------------------------------------------------------------------
+
+    def is_mounted(self, sandbox_id: str) -> bool:
+        """Whether the sandbox's rootfs is mounted (in this mount namespace).
+
+        Prerequisites: none. On success: ``True`` iff something is mounted on its rootfs/.
+        On failure: :class:`InvalidArgument` for a malformed id.
+        """
+        target = str(self.paths(sandbox_id).rootfs)
+        return any(m.mount_point == target for m in read_mountinfo())
+
+    def list_mounted(self) -> list[MountedRootfs]:
+        """Every sandbox rootfs of this home found in the mount table (for recovery).
+
+        Prerequisites: none.
+        On success: one entry per overlay mounted on ``<root>/<id>/rootfs``, in mount order.
+        On failure: ``OSError`` if the mount table cannot be read.
+        """
+        found: list[MountedRootfs] = []
+        prefix = str(self.root) + "/"
+        for m in read_mountinfo():
+            if m.fstype != "overlay" or not m.mount_point.startswith(prefix):
+                continue
+            rest = m.mount_point[len(prefix) :]
+            sandbox_id, _, leaf = rest.partition("/")
+            if leaf != "rootfs" or not _SANDBOX_ID.match(sandbox_id):
+                continue
+            lowerdir = m.super_options.get("lowerdir", "")
+            found.append(
+                MountedRootfs(
+                    sandbox_id=sandbox_id,
+                    rootfs=Path(m.mount_point),
+                    mount_id=m.mount_id,
+                    lowerdir=tuple(x for x in lowerdir.split(":") if x),
+                    upperdir=m.super_options.get("upperdir"),
+                )
+            )
+        return found
+
+    def recorded_lowers(self, sandbox_id: str) -> list[Path] | None:
+        """The lowers the sandbox's upper was created over (lowest first), or ``None`` if unknown.
+
+        Prerequisites: none. On success: the list from ``rootfs.json``.
+        On failure: :class:`InvalidArgument` for a malformed id.
+        """
+        try:
+            data = json.loads(self.paths(sandbox_id).record.read_text())
+            return [Path(p) for p in data["lowers"]]
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def sandbox_ids(self) -> list[str]:
+        """Ids of the sandboxes of this home that have a rootfs record (mounted or not).
+
+        With :meth:`list_mounted` this is the "observe" half of recovery: a recorded sandbox
+        that is not mounted is paused, or was running before a reboot.
+
+        Prerequisites: none. On success: sorted ids.
+        On failure: ``OSError`` if the sandboxes directory cannot be read.
+        """
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return sorted(
+            n for n in names if _SANDBOX_ID.match(n) and (self.root / n / "rootfs.json").exists()
+        )
+
+    def layers_referenced(self) -> set[Path]:
+        """Every lower directory some sandbox of this home was assembled over.
+
+        Mounted or not: a paused sandbox's upper still needs its lowers to be resumed, so the
+        layer cache's GC must keep all of these.
+
+        Prerequisites: none. On success: the set of absolute lower paths.
+        On failure: ``OSError`` if the sandboxes directory cannot be read.
+        """
+        used: set[Path] = set()
+        for sandbox_id in self.sandbox_ids():
+            used.update(self.recorded_lowers(sandbox_id) or [])
+        return used
+
+    # -- changing -----------------------------------------------------------------------------
+
+    async def assemble(self, sandbox_id: str, lowers: Sequence[Path]) -> Path:
+        """Mount the sandbox's rootfs: ``lowers`` stacked under its upper.
+
+        ``lowers`` go lowest first, as OCI manifests and templates list layers: the base image,
+        then each layer on top of it (overlayfs' ``lowerdir=`` wants the reverse; we flip it).
+
+        Prerequisites: every lower is an existing directory without ``:``, ``,``, ``\\`` or
+        whitespace in its path; at most ``MAX_LOWERS`` and short enough to fit one page of mount
+        options (compact longer chains); we are root; no other operation on this sandbox runs.
+        On success: the merged directory ``<root>/<id>/rootfs`` is mounted and returned. An
+        existing upper is reused (so unmount + assemble keeps the sandbox's files). Idempotent:
+        if the rootfs is already mounted over the same lowers, it is returned as is. A fresh
+        upper gets /tmp (1777) and the user's home (/home/user, owned by ``user``) if the layers
+        lack them, so the sandbox's unprivileged user can write both.
+        On failure: :class:`InvalidArgument` for bad ids or lowers; :class:`NotFound` if a lower
+        is missing; :class:`Conflict` if the rootfs is mounted over, or the upper was created
+        over, other lowers; :class:`aenv.core.errors.CommandError` if ``mount`` fails (a fresh
+        upper is then removed again, an existing one is kept).
+        """
+        paths = self.paths(sandbox_id)
+        wanted = _check_lowers(lowers)
+        recorded = self.recorded_lowers(sandbox_id)
+        if self.is_mounted(sandbox_id):
+            if recorded != wanted:
+                raise Conflict(
+                    f"rootfs of sandbox {sandbox_id} is mounted over other layers: "
+                    f"{_show(recorded)} (asked for {_show(wanted)})"
+                )
+            return paths.rootfs
+        fresh = not paths.upper.exists()
+        if not fresh and recorded is not None and recorded != wanted:
+            raise Conflict(
+                f"upper of sandbox {sandbox_id} belongs to other layers: {_show(recorded)} "
+                f"(asked for {_show(wanted)})"
+            )
+        _make_dir(self.root, 0o755)
+        _make_dir(paths.dir, 0o700)  # host-side privacy: only root walks into a sandbox's files
+        _make_dir(paths.upper, 0o755)  # the upper's root inode is the merged "/" of the sandbox
+        _make_dir(paths.work, 0o700)
+        _make_dir(paths.rootfs, 0o755)
+        if fresh or recorded is None:
+            _write_record(paths.record, wanted)
+        try:
+            await self._mount(paths, wanted)
+            if fresh:
+                await asyncio.to_thread(_prepare_user_dirs, paths.rootfs)
+        except BaseException:
+            # Leave no half-made sandbox behind; an upper that existed before holds the
+            # sandbox's files and is never removed here.
+            if fresh:
+                await asyncio.shield(self._undo_fresh(paths))
+            raise
+        return paths.rootfs
+
+    async def _undo_fresh(self, paths: SandboxPaths) -> None:
+        if any(m.mount_point == str(paths.rootfs) for m in read_mountinfo()):
+            await _unmount(str(paths.rootfs), lazy=True, what="a half-assembled rootfs")
+        await asyncio.to_thread(_remove_pieces, paths)
+
+    async def ensure_mounted(self, sandbox_id: str) -> Path:
+        """Re-mount an existing sandbox rootfs (after a host reboot or server restart).
+
+        Prerequisites: the sandbox was assembled before and its upper and ``rootfs.json`` still
+        exist; the recorded lowers still exist; no other operation on this sandbox runs.
+        On success: the rootfs is mounted over the recorded lowers and returned; a no-op if it
+        already was.
+        On failure: :class:`NotFound` if the upper, its record or a lower is gone (the
+        sandbox's files cannot be recovered here); :class:`aenv.core.errors.CommandError` if
+        ``mount`` fails.
+        """
+        paths = self.paths(sandbox_id)
+        if self.is_mounted(sandbox_id):
+            return paths.rootfs
+        recorded = self.recorded_lowers(sandbox_id)
+        if recorded is None or not paths.upper.is_dir():
+            raise NotFound(f"sandbox {sandbox_id} has no upper layer to mount in {paths.dir}")
+        lowers = _check_lowers(recorded)
+        _make_dir(paths.work, 0o700)
+        _make_dir(paths.rootfs, 0o755)
+        await self._mount(paths, lowers)
+        return paths.rootfs
+
+    async def disassemble(self, sandbox_id: str, *, keep_upper: bool, lazy: bool = False) -> None:
+        """Unmount the sandbox's rootfs and, unless ``keep_upper``, delete its files.
+
+        Prerequisites: nothing runs in the sandbox any more (its runtime is destroyed or
+        checkpointed); no other operation on this sandbox runs.
+        On success: nothing is mounted on its rootfs/. With ``keep_upper`` the upper and its
+        record stay (pause; :meth:`assemble` or :meth:`ensure_mounted` brings the files back);
+        otherwise upper/, work/, rootfs/ and rootfs.json are removed, and the sandbox directory
+        too if nothing else is left in it. Idempotent: disassembling twice is fine. ``lazy``
+        detaches a busy mount (``umount --lazy``) instead of failing; the kernel frees it when
+        the last user goes.
+        On failure: :class:`Conflict` if the rootfs is busy (without ``lazy``) or something else
+        is mounted inside the sandbox directory (nothing is deleted then);
+        :class:`aenv.core.errors.CommandError` if ``umount`` fails otherwise.
+        """
+        paths = self.paths(sandbox_id)
+        target = str(paths.rootfs)
+        for _ in range(_MAX_STACKED):
+            if not self.is_mounted(sandbox_id):
+                break
+            await _unmount(target, lazy=lazy, what=f"rootfs of sandbox {sandbox_id}")
+        if self.is_mounted(sandbox_id):
+            raise Conflict(f"could not unmount the rootfs of sandbox {sandbox_id}: still mounted")
+        if keep_upper:
+            return
+        # Deleting a tree that has a mount inside it would delete through the mount; as root
+        # that could reach anything. Refuse rather than guess.
+        inside = str(paths.dir) + "/"
+        leftover = [m.mount_point for m in read_mountinfo() if m.mount_point.startswith(inside)]
+        if leftover:
+            raise Conflict(f"sandbox {sandbox_id} still has mounts inside it: {leftover}")
+        await asyncio.to_thread(_remove_pieces, paths)
+
+    async def _mount(self, paths: SandboxPaths, lowers: list[Path]) -> None:
+        parent = _common_parent(lowers)
+        lowerdir = ":".join(os.path.relpath(p, parent) for p in reversed(lowers))
+        options = (
+            f"lowerdir={lowerdir},upperdir={paths.upper},workdir={paths.work},{_OVERLAY_OPTIONS}"
+        )
+        if len(options.encode()) > MOUNT_OPTIONS_MAX:
+            raise InvalidArgument(
+                f"{len(lowers)} layers do not fit in one overlay mount ({len(options)} bytes of "
+                f"options, max {MOUNT_OPTIONS_MAX}); compact the layer chain"
+            )
+        argv = ["mount", "-t", "overlay", _MOUNT_SOURCE, "-o", options, str(paths.rootfs)]
+        await proc.run(argv, timeout=MOUNT_TIMEOUT_S, cwd=parent)
+
+
+async def _unmount(target: str, *, lazy: bool, what: str) -> None:
+    argv = ["umount", "--lazy", target] if lazy else ["umount", target]
+    try:
+        await proc.run(argv, timeout=MOUNT_TIMEOUT_S)
+    except CommandError as exc:
+        if "busy" in exc.stderr:
+            raise Conflict(f"{what} is busy: {exc.stderr.strip()}") from exc
+        raise
+
+
+def _check_lowers(lowers: Iterable[Path]) -> list[Path]:
+    checked: list[Path] = []
+    for lower in lowers:
+        path = Path(os.path.realpath(lower))
+        if _BAD_PATH_CHARS.search(str(path)):
+            raise InvalidArgument(f"layer path {str(path)!r} has characters overlayfs cannot take")
+        if not path.is_dir():
+            raise NotFound(f"layer directory {path} does not exist")
+        checked.append(path)
+    if not checked:
+        raise InvalidArgument("a rootfs needs at least one layer")
+    if len(checked) > MAX_LOWERS:
+        raise InvalidArgument(f"{len(checked)} layers exceed overlayfs' limit of {MAX_LOWERS}")
+    if len(set(checked)) != len(checked):
+        raise InvalidArgument("the same layer appears twice in one rootfs")
+    return checked
+
+
+def _common_parent(lowers: Sequence[Path]) -> Path:
+    common = Path(os.path.commonpath([str(p) for p in lowers]))
+    # With one lower (or lowers nested in one another) the common path is a lower itself;
+    # relative names are taken from its parent so that none of them is "." .
+    if common in lowers:
+        common = common.parent
+    return common
+
+
+def _show(lowers: Sequence[Path] | None) -> str:
+    return "unknown" if lowers is None else ":".join(str(p) for p in lowers)
+
+
+def _make_dir(path: Path, mode: int) -> None:
+    try:
+        path.mkdir(mode)
+    except FileExistsError:
+        return
+    path.chmod(mode)  # mkdir's mode is filtered by umask; these modes are deliberate
+
+
+def _write_record(path: Path, lowers: Sequence[Path]) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    data: dict[str, Any] = {"lowers": [str(p) for p in lowers], "created": time.time()}
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def _remove_pieces(paths: SandboxPaths) -> None:
+    """Delete a sandbox's upper, work dir, record and (empty) mount point. Blocking."""
+    for tree in (paths.upper, paths.work):
+        if tree.is_dir() and not tree.is_symlink():
+            shutil.rmtree(tree)
+    with contextlib.suppress(FileNotFoundError):
+        paths.record.unlink()
+    # rmdir, never rmtree: if anything were still mounted here, rmdir fails instead of deleting
+    # through the mount.
+    for directory in (paths.rootfs, paths.dir):
+        with contextlib.suppress(FileNotFoundError, OSError):
+            directory.rmdir()
+
+
+def _prepare_user_dirs(rootfs: Path) -> None:
+    """Give the sandbox user a writable /tmp and home when the layers lack them. Blocking.
+
+    The merged tree comes from an image, which is untrusted: every step refuses to follow a
+    symlink (``/tmp -> /etc`` must not make the host's /etc world-writable) and works through
+    directory file descriptors.
+    """
+    uid, gid = _lookup_user(rootfs)
+    root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _ensure_dir_at(root_fd, "tmp", 0o1777, 0, 0, fix_mode=True)
+        home_fd = _ensure_dir_at(root_fd, "home", 0o755, 0, 0, fix_mode=False, keep_open=True)
+        if home_fd is not None:
+            try:
+                _ensure_dir_at(home_fd, "user", 0o755, uid, gid, fix_mode=False)
+            finally:
+                os.close(home_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _ensure_dir_at(
+    dir_fd: int,
+    name: str,
+    mode: int,
+    uid: int,
+    gid: int,
+    *,
+    fix_mode: bool,
+    keep_open: bool = False,
+) -> int | None:
+    """Create ``name`` in ``dir_fd`` if missing (mode, owner); never through a symlink.
+
+    Returns an open fd of the directory when ``keep_open`` (``None`` if it is not a plain
+    directory, in which case nothing is touched).
+    """
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+        created = True
+    else:
+        if not stat.S_ISDIR(st.st_mode):
+            return None  # a symlink or file: the image's business, never followed
+        created = False
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if created:
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode)
+        elif fix_mode and stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+            os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if keep_open:
+        return fd
+    os.close(fd)
+    return None
+
+
+def _lookup_user(rootfs: Path) -> tuple[int, int]:
+    """uid and gid of ``user`` in the image's /etc/passwd, else E2B's 1000:1000.
+
+    Opened component by component without following symlinks: an image's ``/etc`` pointing
+    at the host's must not make us read host files.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fds: list[int] = []
+    try:
+        fds.append(os.open(rootfs, flags | os.O_DIRECTORY))
+        fds.append(os.open("etc", flags | os.O_DIRECTORY, dir_fd=fds[-1]))
+        fds.append(os.open("passwd", flags, dir_fd=fds[-1]))
+        if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
+            return DEFAULT_USER_UID, DEFAULT_USER_GID
+        text = os.read(fds[-1], 1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return DEFAULT_USER_UID, DEFAULT_USER_GID
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for line in text.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 4 and fields[0] == "user":
+            try:
+                return int(fields[2]), int(fields[3])
+            except ValueError:
+                break
+    return DEFAULT_USER_UID, DEFAULT_USER_GID

@@ -1,0 +1,652 @@
+"""The built-in templates: ``base`` (Debian bookworm dev box) and ``busybox`` (for fast tests).
+
+Owns how these two root filesystems are made; the result of each is one immutable layer in a
+:class:`aenv.storage.layers.LayerStore`, keyed by the sha256 of its recipe, so building twice is
+a no-op and every node building the same recipe gets the same id. Turning a layer into a
+committed template snapshot (manifest, memory image) is the template service's job, not this
+module's; mounting it is :mod:`aenv.storage.rootfs`'s.
+
+``base`` is ``mmdebstrap --variant=minbase`` (what the official ``debian`` images are: the
+Essential and required packages) plus the tools agents expect from E2B's base image (python3 with
+pip and venv, git, curl, sudo, ...), without docs, man pages and translations, like the
+``-slim`` images. A customization script then adds the user ``user`` (uid/gid 1000, passwordless
+sudo), hostname, hosts, a resolver placeholder and C.UTF-8 defaults. mmdebstrap's status log is
+followed while it runs and turned into ``on_progress(message, fraction)`` calls.
+
+``busybox`` is a static busybox from the host plus applet links and the same user layout: a
+rootfs in milliseconds for tests that need processes and files but not Debian.
+
+Change :data:`BASE_BUILDER_VERSION` / :data:`BUSYBOX_BUILDER_VERSION` whenever the Python code
+here changes what ends up in a layer: the recipe hash covers the package list, sources, script
+text and tool version, but not this module's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import os
+import platform
+import re
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aenv.core import proc
+from aenv.core.errors import CommandError, FailedPrecondition
+from aenv.storage.layers import Layer, LayerStore, layer_id_for
+
+#: ``on_progress(message, fraction)``: fraction in [0, 1] and never decreasing, or ``None`` when
+#: a message carries no estimate. Called from the event loop thread; it must not block.
+ProgressCallback = Callable[[str, float | None], None]
+
+#: Bump when this module changes the content of the ``base`` layer in a way the recipe misses.
+BASE_BUILDER_VERSION = 1
+#: Bump when this module changes the content of the ``busybox`` layer.
+BUSYBOX_BUILDER_VERSION = 1
+#: A cold build downloads ~80 MB and takes 1-2 minutes on a good link; a slow mirror can take
+#: ten times that. Past this, something hangs.
+BASE_BUILD_TIMEOUT_S = 1800.0
+
+#: Packages on top of minbase: close to E2B's base image minus the compilers (build-essential
+#: alone would double the layer); agents can still ``sudo apt-get install`` what they miss.
+BASE_PACKAGES: tuple[str, ...] = (
+    "bash",
+    "ca-certificates",
+    "coreutils",
+    "curl",
+    "git",
+    "iproute2",
+    "iputils-ping",
+    "jq",
+    "less",
+    "nano",
+    "netbase",
+    "procps",
+    "python-is-python3",
+    "python3",
+    "python3-pip",
+    "python3-venv",
+    "sudo",
+    "tzdata",
+    "unzip",
+    "wget",
+    "xz-utils",
+    "zip",
+)
+
+#: Kept out of the layer (and out of later ``apt-get install`` in the sandbox), as in the
+#: ``debian:*-slim`` images: documentation, man/info pages and translations.
+BASE_DPKG_OPTIONS: tuple[str, ...] = (
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/locale/*",
+    "path-include=/usr/share/locale/locale.alias",
+    "path-exclude=/usr/share/lintian/*",
+)
+
+#: The sandbox's hostname until the runtime sets its own; also resolvable via /etc/hosts so
+#: that ``sudo`` does not complain.
+HOSTNAME = "sandbox"
+
+_HOSTS = f"""\
+127.0.0.1\tlocalhost
+127.0.1.1\t{HOSTNAME}
+::1\t\tlocalhost ip6-localhost ip6-loopback
+ff02::1\t\tip6-allnodes
+ff02::2\t\tip6-allrouters
+"""
+
+_RESOLV_CONF = """\
+# Placeholder: aenv's runtime replaces this with the sandbox's resolver when it starts.
+nameserver 8.8.8.8
+nameserver 1.1.1.1
+"""
+
+#: Runs inside the new root (chroot, as root) after all packages are installed.
+BASE_CUSTOMIZE_SCRIPT = f"""\
+#!/bin/sh
+# aenv base template customization (runs chrooted in the new root filesystem).
+set -eu
+
+# E2B's default user: uid/gid 1000, home /home/user, bash, passwordless sudo.
+groupadd --gid 1000 user
+useradd --uid 1000 --gid 1000 --groups sudo --create-home --home-dir /home/user \\
+    --shell /bin/bash --comment user user
+chmod 0755 /home/user
+printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\\n' > /etc/sudoers.d/user
+chmod 0440 /etc/sudoers.d/user
+visudo --check --quiet --file=/etc/sudoers.d/user
+
+printf '%s\\n' '{HOSTNAME}' > /etc/hostname
+cat > /etc/hosts <<'EOF'
+{_HOSTS}EOF
+cat > /etc/resolv.conf <<'EOF'
+{_RESOLV_CONF}EOF
+chmod 0644 /etc/hostname /etc/hosts /etc/resolv.conf
+
+# C.UTF-8 is built into glibc: no locales package needed.
+printf 'LANG=C.UTF-8\\n' > /etc/default/locale
+cat > /etc/profile.d/aenv.sh <<'EOF'
+# aenv sandbox defaults for login shells.
+export LANG="${{LANG:-C.UTF-8}}"
+EOF
+
+# Agents run "pip install x" as a matter of course; in a throwaway sandbox the PEP 668
+# guard against breaking the system Python only gets in the way (as in E2B's image).
+cat > /etc/pip.conf <<'EOF'
+[global]
+break-system-packages = true
+EOF
+
+# Nothing a layer should carry: package indexes, caches, logs, backup files.
+rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb \\
+    /var/cache/debconf/*-old /var/lib/dpkg/*-old /var/log/apt/* /var/log/*.log
+"""
+
+
+@dataclass(frozen=True)
+class BaseRecipe:
+    """What the ``base`` template is made of (every field enters the layer id)."""
+
+    suite: str = "bookworm"
+    #: Debian archive mirror (an apt-cacher-ng URL works too); security updates come from
+    #: ``security_mirror``, set it to ``None`` for a mirror without them.
+    mirror: str = "http://deb.debian.org/debian"
+    security_mirror: str | None = "http://deb.debian.org/debian-security"
+    variant: str = "minbase"
+    packages: tuple[str, ...] = BASE_PACKAGES
+    dpkg_options: tuple[str, ...] = BASE_DPKG_OPTIONS
+    customize_script: str = field(default=BASE_CUSTOMIZE_SCRIPT, repr=False)
+
+    def sources(self) -> list[str]:
+        """The apt sources lines the root filesystem is built from (and keeps)."""
+        lines = [
+            f"deb {self.mirror} {self.suite} main",
+            f"deb {self.mirror} {self.suite}-updates main",
+        ]
+        if self.security_mirror:
+            lines.append(f"deb {self.security_mirror} {self.suite}-security main")
+        return lines
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """A template layer and how it came to be."""
+
+    layer: Layer
+    #: ``False`` when the layer already existed and nothing was built.
+    built: bool
+    #: Wall time of this call (monotonic clock).
+    seconds: float
+
+
+def debian_architecture() -> str:
+    """The host's Debian architecture name (what mmdebstrap builds by default)."""
+    machine = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "armhf", "i686": "i386"}.get(
+        machine, machine
+    )
+
+
+async def base_recipe(recipe: BaseRecipe | None = None) -> dict[str, Any]:
+    """The full recipe dict of the ``base`` template (its sha256 is the layer id).
+
+    Prerequisites: mmdebstrap is installed (its version is part of the recipe).
+    On success: a JSON-serializable dict.
+    On failure: :class:`FailedPrecondition` if mmdebstrap is missing or unusable.
+    """
+    recipe = recipe or BaseRecipe()
+    return {
+        "template": "base",
+        "builder_version": BASE_BUILDER_VERSION,
+        "suite": recipe.suite,
+        "variant": recipe.variant,
+        "architecture": debian_architecture(),
+        "sources": recipe.sources(),
+        "packages": sorted(set(recipe.packages)),
+        "dpkg_options": list(recipe.dpkg_options),
+        "mmdebstrap": await _mmdebstrap_version(),
+        "customize_sha256": hashlib.sha256(recipe.customize_script.encode()).hexdigest(),
+    }
+
+
+async def build_base(
+    store: LayerStore,
+    *,
+    recipe: BaseRecipe | None = None,
+    on_progress: ProgressCallback | None = None,
+    timeout: float = BASE_BUILD_TIMEOUT_S,
+) -> BuildResult:
+    """Build the ``base`` template layer into ``store``, unless it is already there.
+
+    Prerequisites: root (mmdebstrap's root mode creates files owned by any uid); mmdebstrap
+    installed; the Debian mirror reachable; ~1 GB free on the store's filesystem.
+    On success: the layer (``built=False`` if it already existed: a no-op). It was built in a
+    staging directory and renamed into place, so it is complete or absent, never half there;
+    leftover staging trees of earlier crashed builds were removed first. ``on_progress`` saw
+    messages with a non-decreasing fraction ending at 1.0.
+    On failure: :class:`FailedPrecondition` without root or mmdebstrap;
+    :class:`aenv.core.errors.CommandError` (its stderr holds the tail of mmdebstrap's log) if
+    the build fails, :class:`aenv.core.errors.CommandTimeout` after ``timeout`` seconds. The
+    store is left as it was (the staging tree is removed).
+    """
+    started = time.monotonic()
+    report = _Reporter(on_progress)
+    recipe = recipe or BaseRecipe()
+    full = await base_recipe(recipe)
+    layer_id = layer_id_for(full)
+    if store.has(layer_id):
+        report("base template already built", 1.0)
+        return BuildResult(store.get(layer_id), False, time.monotonic() - started)
+    if os.geteuid() != 0:
+        raise FailedPrecondition("building the base template needs root (mmdebstrap root mode)")
+    report("cleaning up leftovers of earlier builds", 0.0)
+    await store.clean_staging()
+    with tempfile.TemporaryDirectory(prefix="aenv-base-") as scratch:
+        script = Path(scratch) / "aenv-customize.sh"
+        script.write_text(recipe.customize_script)
+        log = Path(scratch) / "mmdebstrap.log"
+        async with store.staging(layer_id) as staging:
+            argv = [
+                "mmdebstrap",
+                f"--variant={recipe.variant}",
+                f"--architectures={full['architecture']}",
+                "--mode=root",
+                "--format=directory",
+                "--verbose",  # apt/dpkg lines are what the progress estimate counts
+                f"--logfile={log}",
+                f"--include={','.join(full['packages'])}",
+                *(f"--dpkgopt={opt}" for opt in recipe.dpkg_options),
+                f"--customize-hook=copy-in {script} /tmp",
+                f'--customize-hook=chroot "$1" /bin/sh /tmp/{script.name}',
+                recipe.suite,
+                str(staging),
+                *recipe.sources(),
+            ]
+            report(f"building Debian {recipe.suite} with mmdebstrap", 0.01)
+            await _run_following(argv, log, _MmdebstrapProgress(report), timeout)
+            report("measuring and committing the layer", 0.98)
+            layer = await store.put_from_dir(staging, layer_id, recipe=full)
+    seconds = time.monotonic() - started
+    size_mb = (layer.meta.size_bytes or 0) / 1e6
+    report(f"base template ready: {size_mb:.0f} MB, built in {seconds:.0f} s", 1.0)
+    return BuildResult(layer, True, seconds)
+
+
+# -- busybox --------------------------------------------------------------------------------
+
+_BUSYBOX_FILES: dict[str, str] = {
+    "etc/passwd": (
+        "root:x:0:0:root:/root:/bin/sh\n"
+        "user:x:1000:1000:user:/home/user:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+    ),
+    "etc/group": "root:x:0:\nsudo:x:27:user\nuser:x:1000:\nnogroup:x:65534:\n",
+    "etc/shadow": "root:*:19000:0:99999:7:::\nuser:*:19000:0:99999:7:::\n",
+    "etc/hostname": f"{HOSTNAME}\n",
+    "etc/hosts": _HOSTS,
+    "etc/resolv.conf": _RESOLV_CONF,
+    "etc/profile": 'export PATH="/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"\n',
+    # Busybox has no bash applet ("bash: applet not found" when called as bash), so /bin/bash
+    # is a script handing over to its POSIX shell: enough for ``bash -c`` and ``bash -l``.
+    "bin/bash": '#!/bin/sh\nexec /bin/sh "$@"\n',
+}
+_BUSYBOX_MODES = {"etc/shadow": 0o640, "bin/bash": 0o755}
+#: (path, mode, uid, gid) of the directories of the busybox root.
+_BUSYBOX_DIRS: tuple[tuple[str, int, int, int], ...] = (
+    ("bin", 0o755, 0, 0),
+    ("sbin", 0o755, 0, 0),
+    ("usr", 0o755, 0, 0),
+    ("usr/bin", 0o755, 0, 0),
+    ("usr/sbin", 0o755, 0, 0),
+    ("etc", 0o755, 0, 0),
+    ("dev", 0o755, 0, 0),
+    ("proc", 0o555, 0, 0),
+    ("sys", 0o555, 0, 0),
+    ("run", 0o755, 0, 0),
+    ("opt", 0o755, 0, 0),
+    ("var", 0o755, 0, 0),
+    ("var/tmp", 0o1777, 0, 0),
+    ("root", 0o700, 0, 0),
+    ("home", 0o755, 0, 0),
+    ("home/user", 0o755, 1000, 1000),
+    ("tmp", 0o1777, 0, 0),
+)
+
+
+def busybox_recipe(busybox: Path) -> dict[str, Any]:
+    """The recipe of the ``busybox`` template made from the binary ``busybox``.
+
+    Prerequisites: ``busybox`` is readable. On success: a JSON-serializable dict.
+    On failure: ``OSError`` if the binary cannot be read.
+    """
+    files = hashlib.sha256(repr(sorted(_BUSYBOX_FILES.items())).encode())
+    files.update(repr((_BUSYBOX_DIRS, sorted(_BUSYBOX_MODES.items()))).encode())
+    return {
+        "template": "busybox",
+        "builder_version": BUSYBOX_BUILDER_VERSION,
+        "busybox_sha256": hashlib.sha256(Path(busybox).read_bytes()).hexdigest(),
+        "files_sha256": files.hexdigest(),
+    }
+
+
+async def build_busybox(
+    store: LayerStore,
+    *,
+    busybox: Path = Path("/bin/busybox"),
+    on_progress: ProgressCallback | None = None,
+) -> BuildResult:
+    """Build the ``busybox`` template layer into ``store``, unless it is already there.
+
+    Prerequisites: ``busybox`` is a statically linked busybox (Debian: busybox-static); root,
+    so that /home/user can be owned by uid 1000.
+    On success: the layer: /bin/busybox, a link per applet, /bin/bash, /etc/passwd with root
+    and user (1000), /home/user, /tmp (1777). ``built=False`` if it already existed.
+    On failure: :class:`FailedPrecondition` if ``busybox`` is missing or dynamically linked
+    (it could not run inside the rootfs); ``OSError`` for I/O errors (the store is unchanged).
+    """
+    started = time.monotonic()
+    report = _Reporter(on_progress)
+    busybox = Path(busybox)
+    try:
+        data = busybox.read_bytes()
+    except FileNotFoundError:
+        raise FailedPrecondition(f"{busybox} not found (install busybox-static)") from None
+    if not _is_static_elf(data):
+        raise FailedPrecondition(f"{busybox} is dynamically linked (install busybox-static)")
+    recipe = busybox_recipe(busybox)
+    layer_id = layer_id_for(recipe)
+    if store.has(layer_id):
+        report("busybox template already built", 1.0)
+        return BuildResult(store.get(layer_id), False, time.monotonic() - started)
+    await store.clean_staging()
+    listed = await proc.run([str(busybox), "--list-full"], timeout=30.0)
+    applets = [line.strip() for line in listed.text.splitlines() if line.strip()]
+    report(f"populating busybox root ({len(applets)} applets)", 0.1)
+    async with store.staging(layer_id) as staging:
+        await asyncio.to_thread(_populate_busybox, staging, data, applets)
+        report("committing the layer", 0.9)
+        layer = await store.put_from_dir(staging, layer_id, recipe=recipe)
+    report("busybox template ready", 1.0)
+    return BuildResult(layer, True, time.monotonic() - started)
+
+
+def _populate_busybox(root: Path, busybox: bytes, applets: list[str]) -> None:
+    for rel, mode, uid, gid in _BUSYBOX_DIRS:
+        path = root / rel
+        path.mkdir(exist_ok=True)
+        os.chown(path, uid, gid)
+        path.chmod(mode)
+    binary = root / "bin" / "busybox"
+    binary.write_bytes(busybox)
+    binary.chmod(0o755)
+    for rel in applets:
+        rel = rel.lstrip("/")
+        # Names come from the host's busybox; still, keep every link inside the new root.
+        if not rel or ".." in rel.split("/") or rel in ("bin/busybox", "bin/bash"):
+            continue
+        link = root / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink() and not link.exists():
+            link.symlink_to("/bin/busybox")
+    for rel, text in _BUSYBOX_FILES.items():
+        path = root / rel
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # /bin/bash may be an applet link from the list above
+        path.write_text(text)
+        path.chmod(_BUSYBOX_MODES.get(rel, 0o644))
+
+
+def _is_static_elf(data: bytes) -> bool:
+    """Whether an ELF executable has no program interpreter (PT_INTERP), i.e. is static."""
+    if data[:4] != b"\x7fELF" or len(data) < 64:
+        return False
+    is64 = data[4] == 2
+    endian = "<" if data[5] == 1 else ">"
+    if is64:
+        phoff, phentsize, phnum = (
+            struct.unpack_from(endian + "Q", data, 0x20)[0],
+            struct.unpack_from(endian + "H", data, 0x36)[0],
+            struct.unpack_from(endian + "H", data, 0x38)[0],
+        )
+    else:
+        phoff, phentsize, phnum = (
+            struct.unpack_from(endian + "I", data, 0x1C)[0],
+            struct.unpack_from(endian + "H", data, 0x2A)[0],
+            struct.unpack_from(endian + "H", data, 0x2C)[0],
+        )
+    pt_interp = 3
+    for i in range(phnum):
+        offset = phoff + i * phentsize
+        if offset + 4 > len(data):
+            return False
+        if struct.unpack_from(endian + "I", data, offset)[0] == pt_interp:
+            return False
+    return True
+
+
+# -- mmdebstrap plumbing ----------------------------------------------------------------------
+
+
+async def _mmdebstrap_version() -> str:
+    if shutil.which("mmdebstrap") is None:
+        raise FailedPrecondition("mmdebstrap is not installed (apt-get install mmdebstrap)")
+    try:
+        done = await proc.run(["mmdebstrap", "--version"], timeout=30.0)
+    except CommandError as exc:
+        raise FailedPrecondition(f"mmdebstrap does not run: {exc.message}") from exc
+    return done.text.strip()
+
+
+async def _run_following(
+    argv: list[str], log: Path, progress: _MmdebstrapProgress, timeout: float
+) -> None:
+    """Run mmdebstrap while feeding each new line of its log file to ``progress``.
+
+    ``proc.run`` captures output only at the end; mmdebstrap's ``--logfile`` lets us follow
+    it live instead, from a task that polls the file.
+    """
+    stop = asyncio.Event()
+    follower = asyncio.create_task(_follow(log, stop, progress))
+    try:
+        await proc.run(argv, timeout=timeout)
+    except CommandError as exc:
+        stop.set()
+        await follower
+        # With --logfile mmdebstrap's stderr is empty; the reason is at the end of the log.
+        detail = f"{exc.stderr.strip()}\n--- end of mmdebstrap's log ---\n{_tail(log)}"
+        raise type(exc)(exc.argv, exc.returncode, detail) from exc
+    except BaseException:
+        follower.cancel()
+        raise
+    stop.set()
+    await follower
+
+
+async def _follow(path: Path, stop: asyncio.Event, progress: _MmdebstrapProgress) -> None:
+    while not path.exists():  # mmdebstrap creates the log only once it has parsed its options
+        if stop.is_set():
+            return
+        await _wait(stop, 0.25)
+    with open(path, "rb") as handle:
+        pending = b""
+        while True:
+            stopping = stop.is_set()  # read once more after the writer is done
+            pending += handle.read()
+            # apt draws progress with carriage returns; each redraw counts as a line.
+            *lines, pending = re.split(rb"[\r\n]", pending)
+            for raw in lines:
+                if raw.strip():
+                    progress.feed(raw.decode("utf-8", "replace"))
+            if stopping:
+                if pending.strip():
+                    progress.feed(pending.decode("utf-8", "replace"))
+                return
+            progress.tick()
+            await _wait(stop, 0.25)
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout=seconds)
+
+
+def _tail(log: Path, limit: int = 4000) -> str:
+    try:
+        return log.read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""
+
+
+class _Reporter:
+    """Wraps the caller's callback: keeps fractions monotonic and survives a missing one."""
+
+    def __init__(self, callback: ProgressCallback | None) -> None:
+        self._callback = callback
+        self._fraction = 0.0
+
+    def __call__(self, message: str, fraction: float | None) -> None:
+        if fraction is not None:
+            self._fraction = max(self._fraction, min(1.0, fraction))
+        if self._callback is not None:
+            self._callback(message, self._fraction if fraction is not None else None)
+
+
+@dataclass(frozen=True)
+class _Phase:
+    #: Start of mmdebstrap's "I: ..." line that opens the phase.
+    marker: str
+    start: float
+    end: float
+    #: What to count inside the phase, with each kind's share of the phase: apt downloads
+    #: ("Get:"), dpkg unpacks and configures. Phases without counts creep forward on a timer.
+    counts: tuple[tuple[str, float], ...] = ()
+    #: Typical duration of a phase without counts, for the timer (seconds).
+    expected_s: float = 5.0
+
+
+#: Where each of mmdebstrap's phases sits on the bar; widths follow measured durations of a
+#: cold build (~70 s: extracting the essential set ~30%, configuring the rest ~40%).
+_PHASES: tuple[_Phase, ...] = (
+    _Phase("running apt-get update", 0.01, 0.03, expected_s=3.0),
+    _Phase("downloading packages", 0.03, 0.10, (("Get:", 1.0),)),
+    _Phase("extracting archives", 0.10, 0.40, expected_s=20.0),
+    _Phase(
+        "installing essential packages", 0.40, 0.57, (("Unpacking ", 0.6), ("Setting up ", 0.4))
+    ),
+    _Phase(
+        "installing remaining packages",
+        0.57,
+        0.96,
+        (("Get:", 0.1), ("Unpacking ", 0.3), ("Setting up ", 0.6)),
+    ),
+    _Phase("running --customize-hook", 0.96, 0.97, expected_s=1.0),
+    _Phase("cleaning package lists", 0.97, 0.98, expected_s=1.0),
+    _Phase("success", 0.98, 0.98),
+)
+
+_NEWLY_INSTALLED = re.compile(r"(\d+) newly installed")
+#: Timer-driven progress is reported in steps of at least this much, to keep events few.
+_TICK_STEP = 0.005
+
+
+class _MmdebstrapProgress:
+    """Turns mmdebstrap's verbose log into progress messages and a rough fraction."""
+
+    def __init__(
+        self,
+        report: Callable[[str, float | None], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._report = report
+        self._clock = clock
+        self._phase: _Phase | None = None
+        self._message = ""
+        self._entered = 0.0
+        self._last = 0.0  # last fraction reported
+        self._total = 0  # packages apt announced for the current phase
+        self._essential = 0  # packages of the essential set (installed in a later phase)
+        self._done: dict[str, int] = {}
+
+    def feed(self, line: str) -> None:
+        """Take one line of the log."""
+        line = line.rstrip()
+        if line.startswith(("I: ", "W: ", "E: ")):
+            text = line[3:]
+            for phase in _PHASES:
+                if text.startswith(phase.marker):
+                    self._enter(phase, text)
+                    self._emit(text, phase.start)
+                    return
+            self._report(text, None)
+            return
+        current = self._phase
+        if current is None or not current.counts:
+            return
+        match = _NEWLY_INSTALLED.search(line)
+        if match:
+            self._total = int(match.group(1))
+            if current.marker == "downloading packages":
+                self._essential = self._total
+            return
+        for kind, _ in current.counts:
+            if line.startswith(kind) and self._total:
+                self._done[kind] = self._done.get(kind, 0) + 1
+                self._emit(self._describe(kind, line), self._fraction(current))
+                return
+
+    def tick(self) -> None:
+        """Called a few times a second: moves the bar through phases that print nothing.
+
+        The fraction approaches the phase's end asymptotically (1 - e^(-t/expected)), so a
+        slow phase keeps visibly moving yet never claims to be done.
+        """
+        phase = self._phase
+        if phase is None or phase.counts or phase.end <= phase.start:
+            return
+        elapsed = self._clock() - self._entered
+        share = 1.0 - math.exp(-elapsed / phase.expected_s)
+        fraction = phase.start + (phase.end - phase.start) * share
+        if fraction - self._last >= _TICK_STEP:
+            self._emit(self._message, fraction)
+
+    def _enter(self, phase: _Phase, text: str) -> None:
+        self._phase = phase
+        self._message = text
+        self._entered = self._clock()
+        self._done = {}
+        # The essential set is downloaded in one phase and installed in the next, which
+        # prints no "newly installed" line of its own.
+        self._total = self._essential if phase.marker.startswith("installing essential") else 0
+
+    def _emit(self, message: str, fraction: float) -> None:
+        self._last = max(self._last, fraction)
+        self._report(message, fraction)
+
+    def _fraction(self, phase: _Phase) -> float:
+        width = phase.end - phase.start
+        fraction = phase.start
+        for kind, share in phase.counts:
+            done = min(self._done.get(kind, 0), self._total)
+            fraction += width * share * done / self._total
+        return fraction
+
+    def _describe(self, kind: str, line: str) -> str:
+        count = f"{self._done[kind]}/{self._total}"
+        parts = line.split()
+        if kind == "Get:":
+            # Get:<n> <uri> <suite/component> <arch> <package> <arch> <version> [<size>]
+            return f"downloading {parts[4] if len(parts) > 4 else ''} ({count})"
+        # Unpacking <package> (<version>) ...  /  Setting up <package> (<version>) ...
+        verb, name = ("unpacking", parts[1]) if kind == "Unpacking " else ("setting up", parts[2])
+        return f"{verb} {name.split(':')[0]} ({count})"
