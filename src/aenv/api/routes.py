@@ -131,7 +131,9 @@ async def list_v1(node: NodeDep, metadata: str | None = None) -> list[ListedSand
     ]
 
 
-@router.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail)
+# The SDK parses `network: null` as a config object and crashes: omit what is unset.
+@router.get("/sandboxes/{sandbox_id}", response_model=SandboxDetail,
+            response_model_exclude_none=True)
 async def get_sandbox(sandbox_id: str, node: NodeDep) -> SandboxDetail:
     record = await node.store.require(_checked_id(sandbox_id))
     if record.state in (SandboxState.CREATING, SandboxState.KILLING):

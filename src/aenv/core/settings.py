@@ -69,6 +69,16 @@ class Settings(BaseSettings):
     net_pool_size: int = Field(default=4, ge=0)
     """Network slots kept prepared ahead of creates."""
 
+    net_first_index: int = Field(default=1, ge=1, le=65_000)
+    """First network slot index this node may use (slots are named ``aenv-<index>``; give
+    nodes sharing a machine disjoint ranges)."""
+
+    net_last_index: int = Field(default=30_000, ge=1, le=65_000)
+    """Last network slot index this node may use."""
+
+    layers_dir: Path | None = None
+    """Where template layers live. Unset: ``<home>/layers``. Several homes may share one."""
+
     envd_bundle: Path | None = None
     """envd bundle directory mounted into sandboxes. Unset: ``<home>/envd-bundle``, built on
     first start."""

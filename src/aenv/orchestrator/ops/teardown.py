@@ -21,4 +21,5 @@ async def teardown(node: Node, record: SandboxRecord) -> None:
         await node.runtime.destroy(instance)
     await node.rootfs.disassemble(record.sandbox_id, keep_upper=False)
     if slot is not None:
+        await node.guests.forget(slot)
         await node.pool.release(slot)

@@ -1,0 +1,155 @@
+"""The node server's composition root: settings → store, runtime, storage, network → API.
+
+``aenv server`` (and ``python -m aenv.server``) runs it. Start-up order: API key, envd bundle,
+base template (with visible progress), store, network pool, crash recovery, then serve; the TTL
+loop and the pool's refill run as supervised tasks. Shutdown leaves sandboxes running: the next
+start re-attaches them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import uvicorn
+import uvloop
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from aenv.api.app import NodeApp, build_api
+from aenv.core import ids
+from aenv.core.settings import Settings
+from aenv.envd.bundle import build_bundle
+from aenv.network.guest_http import GuestConnector
+from aenv.network.pool import NetConfig, SlotPool
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.recover import recover
+from aenv.orchestrator.ttl import run_ttl_loop
+from aenv.proxy.app import Proxy
+from aenv.runtime.gvisor import GvisorConfig, GvisorRuntime
+from aenv.storage.layers import LayerStore
+from aenv.storage.rootfs import RootfsStore
+from aenv.store.sqlite import Store
+from aenv.templates.catalog import TemplateCatalog
+
+log = logging.getLogger("aenv.server")
+console = Console(stderr=True)
+
+
+def api_key_for(settings: Settings) -> str:
+    """The configured key, else the one generated on the first start (kept under home)."""
+    if settings.api_key:
+        return settings.api_key
+    path = settings.home / "api_key"
+    if path.exists():
+        return path.read_text().strip()
+    key = ids.new_api_key()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
+async def _prepare_envd(settings: Settings) -> Path:
+    if settings.envd_bundle is not None:
+        if not (settings.envd_bundle / "bin" / "envd").exists():
+            await build_bundle(settings.envd_bundle)
+        return settings.envd_bundle
+    out = settings.home / "envd-bundle"
+    with console.status("preparing the envd bundle"):
+        info = await build_bundle(out)
+    log.info("envd bundle at %s (%s)", info.path, "rebuilt" if info.rebuilt else "up to date")
+    return out
+
+
+async def _prepare_templates(catalog: TemplateCatalog) -> None:
+    with Progress(
+        TextColumn("[bold]base template[/]"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(), TextColumn("{task.description}"), console=console, transient=False,
+    ) as progress:
+        task = progress.add_task("", total=1.0)
+
+        def on_progress(message: str, fraction: float | None) -> None:
+            progress.update(task, description=message[:60],
+                            completed=fraction if fraction is not None else None)
+
+        await catalog.prepare(on_progress)
+
+
+@contextlib.asynccontextmanager
+async def running_node(settings: Settings) -> AsyncIterator[Node]:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    bundle = await _prepare_envd(settings)
+    layers = LayerStore(settings.layers_dir or settings.home / "layers")
+    catalog = TemplateCatalog(layers)
+    await _prepare_templates(catalog)
+    store = await Store.open(settings.home / "state.db")
+    pool = SlotPool(NetConfig(
+        low=max(1, settings.net_pool_size // 2), high=settings.net_pool_size,
+        first_index=settings.net_first_index, last_index=settings.net_last_index,
+    ))
+    guests = GuestConnector()
+    runtime = GvisorRuntime(GvisorConfig(state_dir=settings.home / "runtime"))
+    node = Node(
+        settings=settings, store=store, runtime=runtime, pool=pool,
+        rootfs=RootfsStore.at_home(settings.home), templates=catalog, guests=guests,
+        envd_bundle=bundle,
+    )
+    await pool.start()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        plan = await recover(node)
+        swept = await pool.sweep()
+        log.info("recovered: %d re-attached, %d torn down, %d orphans, %d stale slots",
+                 len(plan.reattach), len(plan.teardown), len(plan.orphans), len(swept))
+        tasks.append(asyncio.create_task(run_ttl_loop(node), name="ttl"))
+        yield node
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await pool.close()
+        await guests.aclose()
+        await store.close()
+
+
+async def serve(settings: Settings) -> None:
+    key = api_key_for(settings)
+    async with running_node(settings) as node:
+        proxy = Proxy(node)
+        app = NodeApp(build_api(node, key), proxy)
+        config = uvicorn.Config(
+            app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+            ws="websockets-sansio", lifespan="off", access_log=False, log_level=settings.log_level,
+            timeout_keep_alive=75, server_header=False,
+        )
+        server = uvicorn.Server(config)
+        console.print(f"[bold green]aenv[/] serving on http://{settings.listen}  "
+                      f"(E2B_API_URL=E2B_SANDBOX_URL=http://{settings.listen})")
+        if not settings.api_key:
+            console.print(f"API key: [bold]{key}[/] (stored in {settings.home / 'api_key'})")
+        try:
+            await server.serve()
+        finally:
+            await proxy.aclose()
+
+
+def main() -> None:
+    settings = Settings()
+    logging.basicConfig(
+        level=settings.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    # One line per proxied request is noise at info level.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    uvloop.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()
