@@ -15,6 +15,7 @@ Connect code it is rendered with, so no route or RPC handler builds an error bod
     │   └── NotEnoughSpace     507  resource_exhausted
     ├── Unavailable            503  unavailable
     ├── Internal               500  internal
+    ├── RuntimeFailure         500  internal      a sandbox runtime (runsc …) failed
     └── CommandError           500  internal      an external command failed
         └── CommandTimeout     504  deadline_exceeded
 """
@@ -85,6 +86,17 @@ class Unavailable(AenvError):
 
 
 class Internal(AenvError):
+    http_status = 500
+    connect_code = "internal"
+
+
+class RuntimeFailure(AenvError):
+    """A sandbox runtime (runsc, Firecracker) failed an operation; the message carries its words.
+
+    Raised by drivers at their one conversion boundary (``map_runsc_errors``), chained to the
+    :class:`CommandError` that caused it.
+    """
+
     http_status = 500
     connect_code = "internal"
 

@@ -31,3 +31,20 @@ class NetSlot:
     gateway_ip: str = GATEWAY_IP
     prefix_len: int = PREFIX_LEN
     guest_mac: str = GUEST_MAC
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """What a sandbox may reach outside the node (changeable while it runs).
+
+    Evaluated per packet, first match wins: never-reachable ranges (loopback, link-local and
+    cloud metadata, multicast, other sandboxes, the node itself) → ``allow_out`` → ``deny_out``
+    → ``allow_internet`` → the node's internal ranges (RFC 1918, CGNAT …) → allowed.
+    Entries are IPv4 addresses or CIDRs; sandboxes have no IPv6 egress.
+    """
+
+    allow_internet: bool = True
+    #: Always reachable, even inside the internal ranges or when ``allow_internet`` is off.
+    allow_out: tuple[str, ...] = ()
+    #: Never reachable (``0.0.0.0/0`` denies everything ``allow_out`` does not name).
+    deny_out: tuple[str, ...] = ()

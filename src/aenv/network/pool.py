@@ -1,0 +1,302 @@
+"""A pool of prepared network slots, so creating a sandbox does not pay for slot setup.
+
+The pool keeps between ``low`` and ``high`` slots ready (netns, veth, routes and nft entries
+with the default egress policy), refilled by one background task it owns. A slot is used by
+one sandbox and then destroyed: runsc moves the guest address into its netstack, so a used
+netns is not worth recycling, and a fresh one carries no state of the previous sandbox.
+
+Indices cycle through ``first_index..last_index`` instead of restarting at the lowest free one,
+so a slot's conntrack zone is not reused while the previous owner's entries may linger.
+
+Recovery after a restart: ``start()`` (table, forwarding, refill) → the orchestrator
+``adopt()``s the slots of sandboxes it re-attached → ``sweep()`` removes every other slot in the
+pool's index range (netns, veth, nft entries) left by a crash.
+
+Owns: slots in its index range, through slots.py and nft.py. Must not touch: slots outside
+its range (another node process or a test may own them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from aenv.core.errors import AenvError, Internal, InvalidArgument, NotFound, ResourceExhausted
+from aenv.network import nft, slots
+from aenv.network.base import EgressPolicy, NetSlot
+
+log = logging.getLogger("aenv.network")
+
+#: After a failed refill, wait this long before the next attempt (doubling up to the max), so a
+#: broken host (no nft, RTNL stuck) is not hammered.
+REFILL_BACKOFF_S = 0.5
+REFILL_BACKOFF_MAX_S = 30.0
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    """Node-level network settings (the integrator maps them from ``Settings``)."""
+
+    #: Refill when fewer slots than this are ready.
+    low: int = 2
+    #: Refill up to this many ready slots.
+    high: int = 4
+    #: Slot indices this pool may use (conntrack zones: at most 1..65535). Disjoint ranges let
+    #: several pools (a test suite next to a node) share one machine.
+    first_index: int = 1
+    last_index: int = 60_000
+    #: Return addresses of slots (see nft.py); must hold ``last_index + 1`` addresses.
+    return_net: str = nft.RETURN_NET
+    #: Ranges a sandbox may only reach when its policy's ``allow_out`` names them.
+    internal: tuple[str, ...] = nft.INTERNAL
+    #: Egress policy of a slot nobody asked otherwise for.
+    default_egress: EgressPolicy = field(default_factory=EgressPolicy)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.low <= self.high:
+            raise InvalidArgument("need 0 <= low <= high for the slot pool")
+        if not slots.MIN_INDEX <= self.first_index <= self.last_index <= slots.MAX_INDEX:
+            raise InvalidArgument(f"slot indices must lie in {slots.MIN_INDEX}..{slots.MAX_INDEX}")
+        slots.return_address(self.last_index, self.return_net)  # raises if it does not fit
+
+
+class SlotPool:
+    """Prepared slots for sandboxes; see the module docstring for the lifecycle."""
+
+    def __init__(self, config: NetConfig | None = None) -> None:
+        self.config = config or NetConfig()
+        self._ruleset = nft.render_table(
+            return_net=self.config.return_net, internal=self.config.internal
+        )
+        self._ready: deque[NetSlot] = deque()
+        self._leased: dict[int, NetSlot] = {}
+        #: Indices being created by this pool right now.
+        self._creating: set[int] = set()
+        #: Indices found on the machine at start, or whose teardown failed: not handed out
+        #: until ``sweep`` removed them.
+        self._blocked: set[int] = set()
+        self._next_index = self.config.first_index
+        self._wake = asyncio.Event()
+        self._refill_task: asyncio.Task[None] | None = None
+        self._table_fresh = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Prepare the host and start refilling.
+
+        Prerequisites: root; ``ip`` and ``nft`` installed.
+        On success: IPv4 forwarding is on, the nft table exists and is current, the refill task
+        runs and fills the pool up to ``high``. Slots already on the machine are left alone
+        (``adopt`` or ``sweep`` them next).
+        On failure: raises ``Internal``; nothing runs.
+        """
+        slots.ensure_forwarding()
+        self._table_fresh = await nft.ensure_table(self._ruleset)
+        self._blocked |= {i for i in slots.existing() if self._in_range(i)}
+        if self._refill_task is None:
+            self._refill_task = asyncio.create_task(self._refill_loop(), name="aenv-slot-refill")
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Stop refilling and destroy the ready (unused) slots.
+
+        Leased slots stay: their sandboxes outlive the server process and are adopted by the
+        next one.
+        """
+        task, self._refill_task = self._refill_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        while self._ready:
+            slot = self._ready.popleft()
+            try:
+                await self._destroy(slot.index)
+            except AenvError as exc:
+                log.warning("could not remove ready slot %d: %s", slot.index, exc.message)
+
+    # ---------------------------------------------------------------- slots for sandboxes
+
+    async def acquire(self, policy: EgressPolicy | None = None) -> NetSlot:
+        """A slot for one new sandbox, with ``policy`` (default: the pool's default policy).
+
+        Prerequisites: ``start()`` was called.
+        On success: the slot is leased until ``release``. A ready one is taken when there is
+        one (no process, or one nft call for a non-default policy), else one is made (~20 ms).
+        On failure: raises ``ResourceExhausted`` when every index is in use, ``Internal`` when
+        the host refuses, ``InvalidArgument`` for a bad policy; nothing stays leased.
+        """
+        slot = self._ready.popleft() if self._ready else None
+        if len(self._ready) < self.config.low:
+            self._wake.set()
+        if slot is None:
+            slot = await self._create()
+        self._leased[slot.index] = slot
+        try:
+            if policy is not None and policy != self.config.default_egress:
+                await self._apply(nft.policy_script(slot.index, policy))
+        except BaseException:
+            await asyncio.shield(self.release(slot))
+            raise
+        return slot
+
+    async def release(self, slot: NetSlot) -> None:
+        """Destroy a slot whose sandbox is gone. Idempotent.
+
+        Prerequisites: no sandbox runs in the slot any more.
+        On success: its netns, veth, route and nft entries are gone and the index is free.
+        On failure: raises ``Internal``; the index stays out of use until ``sweep``.
+        """
+        self._leased.pop(slot.index, None)
+        await self._destroy(slot.index)
+
+    async def adopt(self, slot: NetSlot, policy: EgressPolicy | None = None) -> None:
+        """Take over the slot of a sandbox that survived a server restart.
+
+        Prerequisites: ``start()`` was called; the slot exists on the machine.
+        On success: the slot is leased and its nft entries exist. Its egress rules are kept;
+        ``policy`` replaces them when given. If the table had to be recreated (another aenv
+        version wrote it) and no policy is given, the default policy is applied and logged.
+        On failure: raises ``NotFound`` when the slot is not on the machine, ``Internal`` when
+        nft fails.
+        """
+        slots.check_index(slot.index)
+        if not slots.exists(slot.index):
+            raise NotFound(f"network slot {slot.index} is not on this machine")
+        if policy is None and self._table_fresh:
+            log.warning("slot %d adopted into a recreated nft table: default egress", slot.index)
+            policy = self.config.default_egress
+        await self._apply(nft.add_slot_script(self._entry(slot.index), policy))
+        self._blocked.discard(slot.index)
+        self._leased[slot.index] = slot
+
+    async def set_egress(self, slot: NetSlot, policy: EgressPolicy) -> None:
+        """Replace a leased slot's egress policy; it applies from the next packet on, open
+        connections included.
+
+        On failure: raises ``InvalidArgument`` (not leased, bad CIDR) or ``Internal``; the old
+        rules stay.
+        """
+        if slot.index not in self._leased:
+            raise InvalidArgument(f"network slot {slot.index} is not leased from this pool")
+        await self._apply(nft.policy_script(slot.index, policy))
+
+    async def sweep(self) -> list[int]:
+        """Remove every slot in this pool's index range that is neither ready nor leased.
+
+        Prerequisites: every surviving sandbox's slot was ``adopt``ed.
+        On success: returns the indices removed (netns, veth, nft entries).
+        On failure: raises ``Internal`` after trying every index; the rest stay for next time.
+        """
+        keep = {s.index for s in self._ready} | set(self._leased) | self._creating
+        found = slots.existing()
+        table = await nft.read_table()
+        if table is not None:
+            found |= set(table.slots) | table.chains
+        stale = sorted(i for i in found | self._blocked if self._in_range(i) and i not in keep)
+        failed: list[str] = []
+        for index in stale:
+            try:
+                await self._destroy(index)
+            except AenvError as exc:
+                failed.append(f"{index}: {exc.message}")
+        if stale:
+            log.info("swept %d leftover network slots", len(stale) - len(failed))
+        if failed:
+            raise Internal("could not sweep network slots " + "; ".join(failed))
+        return stale
+
+    # ---------------------------------------------------------------- introspection
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    def leased(self) -> list[NetSlot]:
+        return list(self._leased.values())
+
+    def return_ip(self, slot: NetSlot) -> str:
+        """The slot's return address (host-internal; see nft.py)."""
+        return slots.return_address(slot.index, self.config.return_net)
+
+    # ---------------------------------------------------------------- internals
+
+    def _in_range(self, index: int) -> bool:
+        return self.config.first_index <= index <= self.config.last_index
+
+    def _entry(self, index: int) -> nft.SlotEntry:
+        return nft.SlotEntry(
+            index=index,
+            ifname=slots.host_ifname(index),
+            return_ip=slots.return_address(index, self.config.return_net),
+        )
+
+    def _allocate_index(self) -> int:
+        """The next free index after the last one handed out (synchronous, so no race)."""
+        first, last = self.config.first_index, self.config.last_index
+        span = last - first + 1
+        taken = self._creating | self._blocked | set(self._leased)
+        taken |= {s.index for s in self._ready}
+        for step in range(span):
+            index = first + (self._next_index - first + step) % span
+            # exists(): another process (a test session, a second node) may own the index.
+            if index not in taken and not slots.exists(index):
+                self._next_index = first + (index - first + 1) % span
+                self._creating.add(index)
+                return index
+        raise ResourceExhausted(f"all {span} network slots of this node are in use")
+
+    async def _create(self) -> NetSlot:
+        index = self._allocate_index()
+        try:
+            entry = self._entry(index)
+            slot = await slots.create(index, return_ip=entry.return_ip)
+            try:
+                await self._apply(nft.add_slot_script(entry, self.config.default_egress))
+            except BaseException:
+                await asyncio.shield(slots.destroy(index))
+                raise
+        finally:
+            self._creating.discard(index)
+        return slot
+
+    async def _apply(self, script: str) -> None:
+        try:
+            await nft.apply(script)
+        except Internal:
+            # Someone removed the table (a test session tearing down next to us): recreate it
+            # once and retry. Other slots' entries went with it; adopt() restores them.
+            if await nft.read_table() is not None:
+                raise
+            self._table_fresh = await nft.ensure_table(self._ruleset)
+            await nft.apply(script)
+
+    async def _destroy(self, index: int) -> None:
+        self._blocked.add(index)
+        try:
+            await nft.apply(nft.remove_slot_script(self._entry(index)))
+        except Internal:
+            if await nft.read_table() is not None:
+                raise  # a real failure; without a table there is nothing to remove
+        await slots.destroy(index)
+        self._blocked.discard(index)
+
+    async def _refill_loop(self) -> None:
+        backoff = REFILL_BACKOFF_S
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while len(self._ready) < self.config.high:
+                try:
+                    self._ready.append(await self._create())
+                    backoff = REFILL_BACKOFF_S
+                except Exception as exc:
+                    # Keep the loop alive: acquire() still works (it creates on demand) and
+                    # the next attempt may succeed once the host recovers.
+                    log.warning("could not prepare a network slot: %s", exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, REFILL_BACKOFF_MAX_S)

@@ -1,0 +1,255 @@
+"""OCI runtime bundles for gVisor sandboxes: ``config.json`` and the small files it mounts.
+
+Pure where it matters: ``sandbox_config`` builds the config from a ``SandboxSpec`` and returns a
+dict (unit-testable without runsc); ``write_bundle`` puts it and the per-sandbox ``/etc`` files
+on disk.
+
+What runsc 20240729 does with the config (checked on this cgroup-v1 host):
+
+* ``linux.cgroupsPath`` + ``linux.resources`` are applied to the sandbox and gofer processes on
+  the host (memory, cpu, pids controllers), so the *whole* sandbox — sentry, gofer and every
+  guest process — is bounded. runsc also passes the memory limit to the sentry as its total
+  memory: the guest's ``/proc/meminfo`` shows ``MemTotal`` = the limit.
+* A guest memory hog meets the host's memcg OOM killer, which picks the systrap stub process of
+  the hog's address space: the hog dies, the sandbox lives on.
+* The pids limit counts host tasks (sentry threads and one stub process per guest address
+  space, ~2 tasks per guest process). Reaching it makes the sentry panic ("unable to activate
+  mm: createStub: failed to get clone"): the sandbox dies, its neighbours do not notice. The
+  guest's ``RLIMIT_NPROC`` is enforced by the sentry for non-root users (fork fails with
+  EAGAIN), so it is set well below the pids limit; root inside the sandbox is not bound by it.
+
+Owns: the bundle directory's contents. Must not touch: the rootfs or the envd bundle (both
+mounted, never written by us).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aenv.core.errors import InvalidArgument
+from aenv.network.base import NetSlot
+from aenv.runtime.base import ENVD_MOUNT, ENVD_PORT, SandboxSpec
+
+#: CFS period; the quota is ``cpu_count`` periods.
+CPU_PERIOD_US = 100_000
+#: Annotation naming the sandbox (the bundle path says it too; this survives moves).
+SANDBOX_ID_ANNOTATION = "dev.aenv.sandbox-id"
+
+#: Docker's default set, plus what E2B users expect root to be able to do inside a sandbox
+#: (mount, ptrace a debugger, raise limits, renice) — all of it virtual: these act on gVisor's
+#: kernel, not the host's. CAP_NET_RAW is added only with runsc's ``--net-raw``.
+CAPABILITIES = (
+    "CAP_AUDIT_WRITE",
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_IPC_LOCK",
+    "CAP_KILL",
+    "CAP_MKNOD",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SETFCAP",
+    "CAP_SETGID",
+    "CAP_SETPCAP",
+    "CAP_SETUID",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_RESOURCE",
+)
+
+DEFAULT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-sandbox limits that are node policy rather than part of a create request."""
+
+    #: Host tasks of the whole sandbox (cgroup pids.max); a backstop for the host.
+    pids: int = 2048
+    #: Guest processes per non-root user (RLIMIT_NPROC); keeps a fork bomb from reaching
+    #: ``pids`` (~2 host tasks per guest process).
+    nproc: int = 512
+    #: Open files per process (RLIMIT_NOFILE), as containerd sets it.
+    nofile: int = 1_048_576
+
+
+def envd_argv(spec: SandboxSpec) -> list[str]:
+    """envd's command line inside the sandbox."""
+    return [
+        f"{ENVD_MOUNT}/bin/envd",
+        "--port",
+        str(ENVD_PORT),
+        "--host",
+        "0.0.0.0",
+        *spec.envd_args,
+    ]
+
+
+def sandbox_config(
+    spec: SandboxSpec,
+    net: NetSlot,
+    *,
+    cgroups_path: str,
+    etc_mounts: Mapping[str, Path] | None = None,
+    limits: Limits = Limits(),
+    net_raw: bool = False,
+) -> dict[str, Any]:
+    """The OCI ``config.json`` of one sandbox (pure).
+
+    ``etc_mounts``: files bind-mounted over ``/etc/<name>`` (``hosts``, ``hostname``,
+    ``resolv.conf``, as ``etc_files`` makes them); the image's own stay where none is given.
+    Raises ``InvalidArgument`` for a bad env name, hostname or resource number.
+    """
+    if spec.cpu_count < 1 or spec.memory_mb < 16:
+        raise InvalidArgument("a sandbox needs at least 1 CPU and 16 MiB of memory")
+    _check_hostname(spec.hostname)
+    env = dict(DEFAULT_ENV)
+    for key, value in spec.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidArgument(f"invalid environment variable name {key!r}")
+        env[key] = value
+    caps = list(CAPABILITIES) + (["CAP_NET_RAW"] if net_raw else [])
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+        },
+        {
+            "destination": "/dev/pts",
+            "type": "devpts",
+            "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
+        },
+        {
+            "destination": "/dev/shm",
+            "type": "tmpfs",
+            "source": "shm",
+            "options": ["nosuid", "noexec", "nodev", "mode=1777"],
+        },
+        {
+            "destination": "/sys",
+            "type": "sysfs",
+            "source": "sysfs",
+            "options": ["nosuid", "noexec", "nodev", "ro"],
+        },
+        {
+            "destination": ENVD_MOUNT,
+            "type": "bind",
+            "source": str(spec.envd_bundle),
+            "options": ["rbind", "ro"],
+        },
+    ]
+    for name, source in sorted((etc_mounts or {}).items()):
+        mounts.append(
+            {
+                "destination": f"/etc/{name}",
+                "type": "bind",
+                "source": str(source),
+                "options": ["rbind", "rw"],
+            }
+        )
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": envd_argv(spec),
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "cwd": "/",
+            "capabilities": {kind: caps for kind in ("bounding", "effective", "permitted")},
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": limits.nofile, "soft": limits.nofile},
+                {"type": "RLIMIT_NPROC", "hard": limits.nproc, "soft": limits.nproc},
+            ],
+            "noNewPrivileges": False,
+        },
+        "root": {"path": str(spec.rootfs), "readonly": False},
+        "hostname": spec.hostname,
+        "mounts": mounts,
+        "annotations": {SANDBOX_ID_ANNOTATION: spec.sandbox_id},
+        "linux": {
+            "namespaces": [
+                {"type": "pid"},
+                {"type": "ipc"},
+                {"type": "uts"},
+                {"type": "mount"},
+                {"type": "network", "path": net.netns_path},
+            ],
+            "cgroupsPath": cgroups_path,
+            "resources": {
+                "memory": {"limit": spec.memory_mb * 1024 * 1024},
+                "cpu": {
+                    "quota": spec.cpu_count * CPU_PERIOD_US,
+                    "period": CPU_PERIOD_US,
+                    "shares": 1024 * spec.cpu_count,
+                },
+                "pids": {"limit": limits.pids},
+            },
+        },
+    }
+
+
+def etc_files(spec: SandboxSpec, net: NetSlot, dns_servers: tuple[str, ...]) -> dict[str, str]:
+    """Contents of the sandbox's ``/etc/hosts``, ``/etc/hostname`` and ``/etc/resolv.conf``
+    (the last only when ``dns_servers`` is not empty)."""
+    files = {
+        "hostname": f"{spec.hostname}\n",
+        "hosts": (
+            "127.0.0.1\tlocalhost\n"
+            "::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"{net.guest_ip}\t{spec.hostname}\n"
+        ),
+    }
+    if dns_servers:
+        files["resolv.conf"] = "".join(f"nameserver {s}\n" for s in dns_servers)
+    return files
+
+
+def write_etc(etc_dir: Path, files: Mapping[str, str]) -> dict[str, Path]:
+    """Write ``files`` (name → text) into ``etc_dir`` (created); name → path, for
+    ``sandbox_config(etc_mounts=…)``."""
+    etc_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, text in files.items():
+        path = etc_dir / name
+        path.write_text(text)
+        path.chmod(0o644)
+        paths[name] = path
+    return paths
+
+
+def write_config(bundle: Path, config: Mapping[str, Any]) -> None:
+    """Write ``bundle/config.json``; runsc reads it once, at create."""
+    (bundle / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def read_config(bundle: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((bundle / "config.json").read_text())
+    return data
+
+
+def _check_hostname(name: str) -> None:
+    labels = name.split(".")
+    ok = 0 < len(name) <= 253 and all(
+        0 < len(label) <= 63
+        and label[0] != "-"
+        and label[-1] != "-"
+        and all(c.isascii() and (c.isalnum() or c == "-") for c in label)
+        for label in labels
+    )
+    if not ok:
+        raise InvalidArgument(f"invalid hostname {name!r}")
