@@ -100,9 +100,10 @@ def test_list_pagination_and_filters(server: NodeServer) -> None:
         assert seen == [s.sandbox_id for s in reversed(created)]
         only = Sandbox.list(query=SandboxQuery(metadata={"suite": tag, "i": "1"})).next_items()
         assert [i.sandbox_id for i in only] == [created[1].sandbox_id]
-        running = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}, state=[SandboxState.RUNNING]))
+        mine = {"suite": tag}
+        running = Sandbox.list(query=SandboxQuery(metadata=mine, state=[SandboxState.RUNNING]))
         assert len(running.next_items()) == 3
-        paused = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}, state=[SandboxState.PAUSED]))
+        paused = Sandbox.list(query=SandboxQuery(metadata=mine, state=[SandboxState.PAUSED]))
         assert paused.next_items() == []
         infos = Sandbox.list(query=query).next_items()
         assert {i.metadata["i"] for i in infos} == {"0", "1", "2"}
