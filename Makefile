@@ -8,11 +8,16 @@ SYSTEM_STAMP := /var/lib/aenv-dev/.system-deps
 GEN := src/aenv/envd/gen
 PYTEST_ARGS ?=
 
-.PHONY: run test bench lint gen deps system-deps bundle clean
+.PHONY: run run-envd test bench lint gen deps system-deps bundle clean
 
-# Install what is missing, then serve. Until the node server lands (next issue) this serves envd
-# alone, inside a throwaway bubblewrap root, on 127.0.0.1:49983.
-run: deps bundle
+# Install what is missing, then serve on the embedded defaults (SQLite, posix storage, gVisor):
+# AENV_HOME=/var/lib/aenv, AENV_LISTEN=127.0.0.1:3000. The first start builds the envd bundle
+# and the Debian base template (about a minute, with progress).
+run: deps
+	$(BIN)/aenv server
+
+# envd alone, in a throwaway bubblewrap root on 127.0.0.1:49983 (for the SDK's debug mode).
+run-envd: deps bundle
 	$(BIN)/python -m tests.envd.harness serve --port $${AENV_ENVD_PORT:-49983}
 
 test: deps

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from aenv.api.app import NodeApp, build_api
-from aenv.core import ids
+from aenv.core import ids, proc
 from aenv.core.settings import Settings
 from aenv.envd.bundle import build_bundle
 from aenv.network.guest_http import GuestConnector
@@ -30,6 +31,7 @@ from aenv.network.pool import NetConfig, SlotPool
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.recover import recover
 from aenv.orchestrator.ttl import run_ttl_loop
+from aenv.orchestrator.warm import WarmPool
 from aenv.proxy.app import Proxy
 from aenv.runtime.gvisor import GvisorConfig, GvisorRuntime
 from aenv.storage.layers import LayerStore
@@ -57,15 +59,24 @@ def api_key_for(settings: Settings) -> str:
 
 
 async def _prepare_envd(settings: Settings) -> Path:
-    if settings.envd_bundle is not None:
-        if not (settings.envd_bundle / "bin" / "envd").exists():
-            await build_bundle(settings.envd_bundle)
-        return settings.envd_bundle
-    out = settings.home / "envd-bundle"
+    """The envd bundle for new sandboxes, as an immutable per-version copy.
+
+    Running sandboxes bind-mount the bundle directory; a rebuild swaps the build directory, so
+    sandboxes get ``<home>/envd/<input hash>``, which never changes once written (hard links,
+    so a copy costs no space). Older versions stay for the sandboxes that still use them.
+    """
+    source = settings.envd_bundle or settings.home / "envd-bundle"
     with console.status("preparing the envd bundle"):
-        info = await build_bundle(out)
-    log.info("envd bundle at %s (%s)", info.path, "rebuilt" if info.rebuilt else "up to date")
-    return out
+        info = await build_bundle(source)
+    versioned = settings.home / "envd" / info.input_hash[:16]
+    if not versioned.exists():
+        staging = versioned.with_name(versioned.name + ".tmp")
+        await asyncio.to_thread(shutil.rmtree, staging, True)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        await proc.run(["cp", "-al", str(info.path), str(staging)], timeout=120)
+        staging.rename(versioned)
+    log.info("envd bundle %s (%s)", versioned, "rebuilt" if info.rebuilt else "up to date")
+    return versioned
 
 
 async def _prepare_templates(catalog: TemplateCatalog) -> None:
@@ -91,7 +102,8 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     await _prepare_templates(catalog)
     store = await Store.open(settings.home / "state.db")
     pool = SlotPool(NetConfig(
-        low=max(1, settings.net_pool_size // 2), high=settings.net_pool_size,
+        low=min(max(1, settings.net_pool_size // 2), settings.net_pool_size),
+        high=settings.net_pool_size,
         first_index=settings.net_first_index, last_index=settings.net_last_index,
     ))
     guests = GuestConnector()
@@ -109,11 +121,18 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         log.info("recovered: %d re-attached, %d torn down, %d orphans, %d stale slots",
                  len(plan.reattach), len(plan.teardown), len(plan.orphans), len(swept))
         tasks.append(asyncio.create_task(run_ttl_loop(node), name="ttl"))
+        base = await catalog.resolve(settings.default_template)
+        warm = WarmPool(node, base, settings.warm_pool_size)
+        node.warm = warm
+        warm.start()
         yield node
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if node.warm is not None:
+            with contextlib.suppress(Exception):
+                await warm.close()
         await pool.close()
         await guests.aclose()
         await store.close()
@@ -140,8 +159,8 @@ async def serve(settings: Settings) -> None:
             await proxy.aclose()
 
 
-def main() -> None:
-    settings = Settings()
+def main(settings: Settings | None = None) -> None:
+    settings = settings or Settings()
     logging.basicConfig(
         level=settings.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

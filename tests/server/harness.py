@@ -80,8 +80,22 @@ def wait_healthy(server: NodeServer, timeout: float = 600.0) -> None:
     raise TimeoutError(f"server not healthy after {timeout}s:\n{server.log()[-3000:]}")
 
 
+_servers_started = 0
+
+
+def _slot_range() -> dict[str, str]:
+    """A network slot range of its own for each test server: two servers sharing slots would
+    sweep each other's network namespaces at start."""
+    global _servers_started
+    first = 20_000 + (os.getpid() % 20) * 1_000 + (_servers_started % 10) * 100
+    _servers_started += 1
+    return {"net_first_index": str(first), "net_last_index": str(first + 99)}
+
+
 def start_server(port: int, home: Path | None = None, **settings: str) -> NodeServer:
+    """Start a server; restarting on an existing ``home`` must pass the same slot range."""
     home = home or Path(tempfile.mkdtemp(prefix="aenv-home-"))
+    settings = {**_slot_range(), **settings}
     CACHE.mkdir(parents=True, exist_ok=True)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))},
@@ -105,4 +119,10 @@ def start_server(port: int, home: Path | None = None, **settings: str) -> NodeSe
 
 
 def cleanup_home(home: Path) -> None:
+    """Remove a test server's home, keeping its log at /tmp/aenv-test-logs/ for post-mortems."""
+    log = home / "server.log"
+    if log.exists():
+        keep = Path("/tmp/aenv-test-logs")
+        keep.mkdir(exist_ok=True)
+        shutil.copy(log, keep / f"{home.name}.log")
     shutil.rmtree(home, ignore_errors=True)

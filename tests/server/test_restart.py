@@ -23,7 +23,8 @@ def test_kill9_with_five_running_sandboxes() -> None:
         for i, sbx in enumerate(sandboxes):
             sbx.files.write("/home/user/mark", str(i))
         server.kill9()
-        server = start_server(server.port, home=server.home)
+        slots = {k: server.env[f"AENV_{k.upper()}"] for k in ("net_first_index", "net_last_index")}
+        server = start_server(server.port, home=server.home, **slots)
         listed = {i.sandbox_id for i in Sandbox.list().next_items()}
         assert {s.sandbox_id for s in sandboxes} <= listed
         for i, sbx in enumerate(sandboxes):

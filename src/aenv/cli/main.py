@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from aenv.cli.envd import app as envd_app
+from aenv.cli.server import app as server_app
 
 app = typer.Typer(
     name="aenv",
@@ -13,6 +14,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(envd_app, name="envd")
+app.add_typer(server_app, name="server")
 
 
 def main() -> None:

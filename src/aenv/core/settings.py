@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     net_pool_size: int = Field(default=4, ge=0)
     """Network slots kept prepared ahead of creates."""
 
+    warm_pool_size: int = Field(default=2, ge=0)
+    """Booted sandboxes of the default template kept ready, so a create only initialises one
+    (milliseconds instead of a boot). Each costs an idle sandbox's memory; 0 disables."""
+
     net_first_index: int = Field(default=1, ge=1, le=65_000)
     """First network slot index this node may use (slots are named ``aenv-<index>``; give
     nodes sharing a machine disjoint ranges)."""

@@ -7,11 +7,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from aenv.core.settings import Settings
 from aenv.orchestrator.deps import GuestConnector, RootfsManager, SlotPool, TemplateCatalog
 from aenv.runtime.base import Runtime
 from aenv.store.sqlite import Store
+
+if TYPE_CHECKING:
+    from aenv.orchestrator.ops.boot import Booted
+
+
+class WarmSource(Protocol):
+    def take(self, template_id: str) -> Booted | None: ...
 
 
 class StreamRegistry:
@@ -51,4 +59,6 @@ class Node:
     guests: GuestConnector
     envd_bundle: Path
     streams: StreamRegistry = field(default_factory=StreamRegistry)
+    #: Booted sandboxes of the default template waiting to be claimed (None: no pool).
+    warm: WarmSource | None = None
     clock: Callable[[], float] = time.time

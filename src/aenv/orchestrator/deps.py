@@ -50,6 +50,10 @@ class RootfsManager(Protocol):
 
     async def disassemble(self, sandbox_id: str, *, keep_upper: bool) -> None: ...
 
+    def sandbox_ids(self) -> list[str]:
+        """Every sandbox that has a root filesystem (mounted or not) on this node."""
+        ...
+
     async def ensure_mounted(self, sandbox_id: str) -> Path:
         """Re-mount a sandbox's rootfs (same lowers as recorded at assemble) if it is not."""
         ...

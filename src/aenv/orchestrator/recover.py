@@ -63,6 +63,16 @@ async def recover(node: Node) -> Plan:
             await node.store.delete(record)
         except Exception:
             log.exception("could not tear down %s", record.sandbox_id)
+    known = {r.sandbox_id for r in todo.reattach}
+    for sandbox_id in node.rootfs.sandbox_ids():
+        if sandbox_id not in known and await node.store.get(sandbox_id) is None:
+            # A warm sandbox or a create that never got its record: nothing refers to it.
+            orphan_instance = next((o for o in todo.orphans if o.sandbox_id == sandbox_id), None)
+            if orphan_instance is not None:
+                await node.runtime.destroy(
+                    Instance(sandbox_id, orphan_instance.runtime_id, orphan_instance.pid, None)
+                )
+            await node.rootfs.disassemble(sandbox_id, keep_upper=False)
     for orphan in todo.orphans:
         log.info("destroying orphan runtime sandbox %s", orphan.runtime_id)
         slot_less = Instance(orphan.sandbox_id, orphan.runtime_id, orphan.pid, None)

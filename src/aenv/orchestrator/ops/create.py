@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from aenv.core.errors import ResourceExhausted
@@ -21,8 +23,8 @@ from aenv.network.base import NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import instance_json
+from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard
 from aenv.orchestrator.ops.teardown import teardown
-from aenv.runtime.base import SandboxSpec
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator")
@@ -49,9 +51,10 @@ async def create(node: Node, params: CreateParams) -> SandboxRecord:
         raise ResourceExhausted(
             f"this node runs its maximum of {node.settings.max_sandboxes} sandboxes"
         )
+    warm = node.warm.take(template.template_id) if node.warm is not None else None
     now = node.clock()
     record = SandboxRecord(
-        sandbox_id=new_sandbox_id(),
+        sandbox_id=warm.sandbox_id if warm else new_sandbox_id(),
         template_id=template.template_id,
         alias=template.alias,
         state=SandboxState.CREATING,
@@ -70,44 +73,58 @@ async def create(node: Node, params: CreateParams) -> SandboxRecord:
         auto_resume=params.auto_resume,
         allow_internet_access=params.allow_internet_access,
         network=params.network,
+        instance=instance_json(warm.slot, warm.instance) if warm else None,
     )
-    await node.store.insert(record)
     try:
-        return await _boot(node, record, template)
+        await node.store.insert(record)
+    except BaseException:
+        if warm is not None:
+            await asyncio.shield(discard(node, warm))
+        raise
+    from_pool = warm is not None
+    try:
+        if warm is None:
+            warm = await boot_sandbox(
+                node, record.sandbox_id, template, on_slot=partial(_persist_slot, node, record)
+            )
+            record = await node.store.require(record.sandbox_id)
+            record = await node.store.update(record, instance=instance_json(warm.slot,
+                                                                             warm.instance))
+        return await _initialise(node, record, warm, from_pool=from_pool)
     except BaseException:
         await asyncio.shield(_abandon(node, record.sandbox_id))
         raise
 
 
-async def _boot(node: Node, record: SandboxRecord, template: Any) -> SandboxRecord:
-    slot: NetSlot = await node.pool.acquire()
-    # Persist the slot before using it, so recovery can release it after a crash.
-    record = await node.store.update(record, instance=instance_json(slot, None))
-    rootfs = await node.rootfs.assemble(record.sandbox_id, template.layers)
-    spec = SandboxSpec(
-        sandbox_id=record.sandbox_id,
-        rootfs=rootfs,
-        envd_bundle=node.envd_bundle,
-        cpu_count=record.cpu_count,
-        memory_mb=record.memory_mb,
-        envd_args=("--user", template.default_user, "--workdir", template.default_workdir),
-    )
-    instance = await node.runtime.boot(spec, slot)
-    record = await node.store.update(record, instance=instance_json(slot, instance))
-    async with EnvdClient(node.guests.transport(slot), slot) as envd:
-        await envd.wait_ready(node.settings.envd_ready_timeout_s)
+async def _persist_slot(node: Node, record: SandboxRecord, slot: NetSlot) -> None:
+    # Before the slot is used, so recovery can release it after a crash.
+    await node.store.update(record, instance=instance_json(slot, None))
+
+
+async def _initialise(
+    node: Node, record: SandboxRecord, booted: Booted, *, from_pool: bool
+) -> SandboxRecord:
+    """Hand the booted sandbox its identity (token, env vars, user) and mark it running."""
+    started = time.monotonic()
+    async with EnvdClient(node.guests.transport(booted.slot), booted.slot) as envd:
         await envd.init(
             token=record.envd_token,
             env_vars=record.env_vars,
-            user=template.default_user,
-            workdir=template.default_workdir,
+            user=booted.template.default_user,
+            workdir=booted.template.default_workdir,
         )
     # The lifetime counts from when the sandbox became usable.
     now = node.clock()
     timeout = record.end_at - record.started_at
-    return await node.store.update(
+    record = await node.store.update(
         record, state=SandboxState.RUNNING, started_at=now, end_at=now + timeout
     )
+    init_ms = (time.monotonic() - started) * 1000
+    phases = {"init": init_ms} if from_pool else {**booted.phases, "init": init_ms}
+    log.info("created %s (%s) in %.0f ms: %s", record.sandbox_id,
+             "warm" if from_pool else "cold", sum(phases.values()),
+             ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
+    return record
 
 
 async def _abandon(node: Node, sandbox_id: str) -> None:

@@ -1,0 +1,99 @@
+"""Boot one sandbox up to "envd answers": slot, rootfs, runtime, readiness.
+
+Shared by the cold create path and the warm pool. On failure everything acquired here is
+released again before the error propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aenv.network.base import NetSlot
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.deps import Template
+from aenv.orchestrator.envd_client import EnvdClient
+from aenv.runtime.base import Instance, SandboxSpec
+
+
+@dataclass
+class Booted:
+    sandbox_id: str
+    template: Template
+    slot: NetSlot
+    instance: Instance
+    cpu_count: int
+    memory_mb: int
+    #: Milliseconds per phase, for the create log line and benchmarks.
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+class _Laps:
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._mark = time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name] = (now - self._mark) * 1000
+        self._mark = now
+
+
+async def boot_sandbox(
+    node: Node,
+    sandbox_id: str,
+    template: Template,
+    *,
+    on_slot: Callable[[NetSlot], Awaitable[None]] | None = None,
+) -> Booted:
+    """Prerequisites: ``sandbox_id`` is new. On success: envd answers ``/health`` in the
+    sandbox (not yet initialised). On failure: nothing of it is left; the error propagates."""
+    lap = _Laps()
+    cpu = template.cpu_count or node.settings.default_cpu_count
+    memory = template.memory_mb or node.settings.default_memory_mb
+    slot = await node.pool.acquire()
+    instance: Instance | None = None
+    try:
+        lap("slot")
+        if on_slot is not None:
+            await on_slot(slot)
+        rootfs = await node.rootfs.assemble(sandbox_id, template.layers)
+        lap("rootfs")
+        spec = SandboxSpec(
+            sandbox_id=sandbox_id,
+            rootfs=rootfs,
+            envd_bundle=node.envd_bundle,
+            cpu_count=cpu,
+            memory_mb=memory,
+            envd_args=("--user", template.default_user, "--workdir", template.default_workdir),
+        )
+        instance = await node.runtime.boot(spec, slot)
+        lap("boot")
+        async with EnvdClient(node.guests.transport(slot), slot) as envd:
+            await envd.wait_ready(node.settings.envd_ready_timeout_s)
+        lap("envd_ready")
+        return Booted(sandbox_id, template, slot, instance, cpu, memory, lap.phases)
+    except BaseException:
+        await asyncio.shield(_release(node, sandbox_id, slot, instance))
+        raise
+
+
+async def _release(
+    node: Node, sandbox_id: str, slot: NetSlot, instance: Instance | None
+) -> None:
+    with contextlib.suppress(Exception):
+        if instance is not None:
+            await node.runtime.destroy(instance)
+    with contextlib.suppress(Exception):
+        await node.rootfs.disassemble(sandbox_id, keep_upper=False)
+    with contextlib.suppress(Exception):
+        await node.guests.forget(slot)
+        await node.pool.release(slot)
+
+
+async def discard(node: Node, booted: Booted) -> None:
+    """Destroy a booted sandbox nobody claimed."""
+    await _release(node, booted.sandbox_id, booted.slot, booted.instance)

@@ -1,0 +1,81 @@
+"""A pool of booted, not yet claimed sandboxes of the default template.
+
+Booting a sandbox means starting gVisor and envd (a Python process importing ~470 modules
+through the sandbox's file system): seconds, where claiming a booted one and initialising its
+envd takes milliseconds. The pool keeps ``size`` of them ready and refills in the background.
+
+Warm sandboxes have no store record: a crash leaves them as orphans, which recovery destroys.
+Each one costs an idle sandbox's memory (see docs/benchmarks.md); ``AENV_WARM_POOL_SIZE=0``
+turns the pool off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+
+from aenv.core.ids import new_sandbox_id
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.deps import Template
+from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard
+
+log = logging.getLogger("aenv.orchestrator.warm")
+
+#: After a failed boot, wait before retrying (doubling), so a broken host is not hammered.
+RETRY_S = 1.0
+RETRY_MAX_S = 60.0
+
+
+class WarmPool:
+    def __init__(self, node: Node, template: Template, size: int) -> None:
+        self.node = node
+        self.template = template
+        self.size = size
+        self._ready: deque[Booted] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.size > 0 and self._task is None:
+            self._task = asyncio.create_task(self._fill(), name="warm-pool")
+
+    def take(self, template_id: str) -> Booted | None:
+        """A ready sandbox of ``template_id``, or ``None`` (then the caller boots cold)."""
+        if template_id != self.template.template_id or not self._ready:
+            return None
+        booted = self._ready.popleft()
+        self._wake.set()
+        return booted
+
+    @property
+    def ready(self) -> int:
+        return len(self._ready)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        while self._ready:
+            await discard(self.node, self._ready.popleft())
+
+    async def _fill(self) -> None:
+        delay = RETRY_S
+        while True:
+            while len(self._ready) < self.size:
+                try:
+                    booted = await boot_sandbox(self.node, new_sandbox_id(), self.template)
+                except Exception as exc:
+                    log.warning("warm boot failed (retrying in %.0fs): %s", delay, exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+                    continue
+                delay = RETRY_S
+                self._ready.append(booted)
+                log.info("warm sandbox %s ready in %.0f ms", booted.sandbox_id,
+                         sum(booted.phases.values()))
+            self._wake.clear()
+            await self._wake.wait()
