@@ -183,3 +183,25 @@ def test_metrics(sandbox: Sandbox) -> None:
 def test_bad_template_is_a_clear_error(server: NodeServer) -> None:
     with pytest.raises(SandboxException, match=r"404|not found"):
         Sandbox.create(template="no-such-template")
+
+
+def test_network_options_are_kept_and_updatable(server: NodeServer) -> None:
+    sbx = Sandbox.create(
+        timeout=60, allow_internet_access=False,
+        network={"allow_out": ["198.51.100.7"], "deny_out": ["0.0.0.0/0"]},
+    )
+    try:
+        info = sbx.get_info()
+        assert info.allow_internet_access is False
+        assert sbx.commands.run("echo still-fine").stdout == "still-fine\n"
+        sbx.update_network({"allow_out": ["203.0.113.0/24"]})
+        with pytest.raises(SandboxException, match="400"):
+            sbx.update_network({"deny_out": ["not-an-ip"]})
+        assert sbx.commands.run("echo after-update").stdout == "after-update\n"
+    finally:
+        sbx.kill()
+
+
+def test_unsupported_domain_rule_is_a_400(server: NodeServer) -> None:
+    with pytest.raises(SandboxException, match="400"):
+        Sandbox.create(timeout=60, network={"allow_out": ["example.com"]})

@@ -14,6 +14,7 @@ from aenv.api.convert import detail, iso, listed, sandbox_out
 from aenv.api.schemas import (
     ConnectBody,
     ListedSandbox,
+    NetworkUpdate,
     NewSandbox,
     RefreshBody,
     SandboxDetail,
@@ -29,6 +30,7 @@ from aenv.orchestrator.ops import connect as connect_op
 from aenv.orchestrator.ops import create as create_op
 from aenv.orchestrator.ops import kill as kill_op
 from aenv.orchestrator.ops import lifetime, metrics
+from aenv.orchestrator.ops import network as network_op
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 public = APIRouter()
@@ -186,6 +188,15 @@ async def resume_v1(sandbox_id: str, node: NodeDep) -> JSONResponse:
     if record.state == SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is already running")
     return await _connect(node, sandbox_id, None)
+
+
+@router.put("/sandboxes/{sandbox_id}/network", status_code=204)
+async def update_network(sandbox_id: str, body: NetworkUpdate, node: NodeDep) -> Response:
+    config = body.model_dump(by_alias=True, exclude_none=True, exclude={"allow_internet_access"})
+    await network_op.update_network(
+        node, _checked_id(sandbox_id), body.allow_internet_access, config
+    )
+    return Response(status_code=204)
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics", response_model=list[SandboxMetric])

@@ -32,6 +32,15 @@ class NewSandbox(_In):
     secure: bool | None = None
 
 
+class NetworkUpdate(_In):
+    """``PUT /sandboxes/{id}/network``: replaces the whole egress config."""
+
+    allow_out: list[str] | None = Field(default=None, alias="allowOut")
+    deny_out: list[str] | None = Field(default=None, alias="denyOut")
+    allow_internet_access: bool | None = None
+    dns_servers: list[str] | None = Field(default=None, alias="dnsServers")
+
+
 class TimeoutBody(_In):
     timeout: int = Field(ge=0)
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import httpx
 
-from aenv.network.base import NetSlot
+from aenv.network.base import EgressPolicy, NetSlot
 
 
 @dataclass(frozen=True)
@@ -36,13 +36,15 @@ class TemplateCatalog(Protocol):
 
 
 class SlotPool(Protocol):
-    async def acquire(self) -> NetSlot: ...
+    async def acquire(self, policy: EgressPolicy | None = None) -> NetSlot: ...
 
     async def release(self, slot: NetSlot) -> None: ...
 
-    async def adopt(self, slot: NetSlot) -> None:
+    async def adopt(self, slot: NetSlot, policy: EgressPolicy | None = None) -> None:
         """Mark an existing slot (found on restart) as in use."""
         ...
+
+    async def set_egress(self, slot: NetSlot, policy: EgressPolicy) -> None: ...
 
 
 class RootfsManager(Protocol):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.egress import policy_from
 from aenv.orchestrator.instance_codec import decode
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.runtime.base import Instance, Observed
@@ -50,7 +51,7 @@ async def recover(node: Node) -> Plan:
     for record in todo.reattach:
         slot, _ = decode(record.instance, record.sandbox_id)
         if slot is not None:
-            await node.pool.adopt(slot)
+            await node.pool.adopt(slot, policy_from(record.allow_internet_access, record.network))
         await node.rootfs.ensure_mounted(record.sandbox_id)
         log.info("re-attached sandbox %s", record.sandbox_id)
     for record in todo.teardown:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from aenv.network.base import NetSlot
+from aenv.network.base import EgressPolicy, NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.envd_client import EnvdClient
@@ -48,13 +48,14 @@ async def boot_sandbox(
     template: Template,
     *,
     on_slot: Callable[[NetSlot], Awaitable[None]] | None = None,
+    policy: EgressPolicy | None = None,
 ) -> Booted:
     """Prerequisites: ``sandbox_id`` is new. On success: envd answers ``/health`` in the
     sandbox (not yet initialised). On failure: nothing of it is left; the error propagates."""
     lap = _Laps()
     cpu = template.cpu_count or node.settings.default_cpu_count
     memory = template.memory_mb or node.settings.default_memory_mb
-    slot = await node.pool.acquire()
+    slot = await node.pool.acquire(policy)
     instance: Instance | None = None
     try:
         lap("slot")

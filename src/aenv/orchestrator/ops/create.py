@@ -19,8 +19,9 @@ from typing import Any
 from aenv.core.errors import ResourceExhausted
 from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
 from aenv.core.states import SandboxState
-from aenv.network.base import NetSlot
+from aenv.network.base import EgressPolicy, NetSlot
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.egress import policy_from
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import instance_json
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard
@@ -47,6 +48,7 @@ class CreateParams:
 
 async def create(node: Node, params: CreateParams) -> SandboxRecord:
     template = await node.templates.resolve(params.template)
+    policy = policy_from(params.allow_internet_access, params.network)
     if await node.store.count(_LIVE) >= node.settings.max_sandboxes:
         raise ResourceExhausted(
             f"this node runs its maximum of {node.settings.max_sandboxes} sandboxes"
@@ -85,11 +87,14 @@ async def create(node: Node, params: CreateParams) -> SandboxRecord:
     try:
         if warm is None:
             warm = await boot_sandbox(
-                node, record.sandbox_id, template, on_slot=partial(_persist_slot, node, record)
+                node, record.sandbox_id, template, on_slot=partial(_persist_slot, node, record),
+                policy=policy,
             )
             record = await node.store.require(record.sandbox_id)
             record = await node.store.update(record, instance=instance_json(warm.slot,
                                                                              warm.instance))
+        elif policy != EgressPolicy():
+            await node.pool.set_egress(warm.slot, policy)
         return await _initialise(node, record, warm, from_pool=from_pool)
     except BaseException:
         await asyncio.shield(_abandon(node, record.sandbox_id))

@@ -1,0 +1,30 @@
+"""Change a running sandbox's egress (``PUT /sandboxes/{id}/network``): replaces the whole
+config; applies from the next packet on, open connections included.
+
+Prerequisites: the sandbox is running. On success: the record and the slot's rules agree.
+On failure: ``NotFound``; ``Conflict`` when not running; ``InvalidArgument`` for bad entries
+(the old rules stay).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aenv.core.errors import Conflict
+from aenv.core.states import SandboxState
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.egress import policy_from
+from aenv.orchestrator.instance_codec import decode
+
+
+async def update_network(
+    node: Node, sandbox_id: str, allow_internet_access: bool | None, network: dict[str, Any]
+) -> None:
+    record = await node.store.require(sandbox_id)
+    if record.state != SandboxState.RUNNING:
+        raise Conflict(f"sandbox {sandbox_id} is {record.state}")
+    policy = policy_from(allow_internet_access, network)
+    slot, _ = decode(record.instance, sandbox_id)
+    assert slot is not None
+    await node.pool.set_egress(slot, policy)
+    await node.store.update(record, allow_internet_access=allow_internet_access, network=network)
