@@ -13,7 +13,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 
 def test_reference_in_docs_is_current() -> None:
-    assert DOCS.read_text() == reference_markdown(), "run: python -m aenv.core.settings > docs/config.md"
+    fix = "run: python -m aenv.core.settings > docs/config.md"
+    assert DOCS.read_text() == reference_markdown(), fix
 
 
 def test_env_and_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
