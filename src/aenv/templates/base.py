@@ -48,7 +48,7 @@ from aenv.storage.layers import Layer, LayerStore, layer_id_for
 ProgressCallback = Callable[[str, float | None], None]
 
 #: Bump when this module changes the content of the ``base`` layer in a way the recipe misses.
-BASE_BUILDER_VERSION = 1
+BASE_BUILDER_VERSION = 2
 #: Bump when this module changes the content of the ``busybox`` layer.
 BUSYBOX_BUILDER_VERSION = 1
 #: A cold build downloads ~80 MB and takes 1-2 minutes on a good link; a slow mirror can take
@@ -140,6 +140,16 @@ cat > /etc/profile.d/aenv.sh <<'EOF'
 # aenv sandbox defaults for login shells.
 export LANG="${{LANG:-C.UTF-8}}"
 EOF
+
+# Login shells without sub-processes: the E2B SDK runs every command as "bash -l -c", and
+# under gVisor each fork+exec costs ~20 ms, so Debian's "$(id -u)" in /etc/profile and root's
+# "mesg n" (a no-op without a terminal) would triple the cost of a trivial command. bash has
+# $EUID; other shells (dash: no EUID) still ask id. Both files are admin-owned (base-files
+# installs them only when missing and leaves edited ones alone).
+sed -i 's/"$(id -u)"/"${{EUID:-$(id -u)}}"/g' /etc/profile
+grep -q 'EUID:-' /etc/profile
+sed -i 's|^mesg n 2> /dev/null [|][|] true$|if [ -t 0 ]; then mesg n 2> /dev/null \\|\\| true; fi|' /root/.profile
+grep -q '^if \\[ -t 0 \\]; then mesg n' /root/.profile
 
 # Agents run "pip install x" as a matter of course; in a throwaway sandbox the PEP 668
 # guard against breaking the system Python only gets in the way (as in E2B's image).
