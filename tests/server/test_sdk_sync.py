@@ -205,3 +205,9 @@ def test_network_options_are_kept_and_updatable(server: NodeServer) -> None:
 def test_unsupported_domain_rule_is_a_400(server: NodeServer) -> None:
     with pytest.raises(SandboxException, match="400"):
         Sandbox.create(timeout=60, network={"allow_out": ["example.com"]})
+
+
+def test_pause_is_an_honest_501_until_snapshots_land(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxException, match="501"):
+        sandbox.pause()
+    assert sandbox.is_running()

@@ -22,7 +22,7 @@ from aenv.api.schemas import (
     SandboxOut,
     TimeoutBody,
 )
-from aenv.core.errors import Conflict, InvalidArgument, NotFound
+from aenv.core.errors import Conflict, InvalidArgument, NotFound, Unimplemented
 from aenv.core.ids import is_sandbox_id
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
@@ -197,6 +197,19 @@ async def update_network(sandbox_id: str, body: NetworkUpdate, node: NodeDep) ->
         node, _checked_id(sandbox_id), body.allow_internet_access, config
     )
     return Response(status_code=204)
+
+
+_NEXT = "arrives with memory snapshots (pause/resume, snapshots and fork)"
+
+
+@router.post("/sandboxes/{sandbox_id}/pause")
+@router.post("/sandboxes/{sandbox_id}/snapshots")
+@router.post("/sandboxes/{sandbox_id}/fork")
+async def not_yet(sandbox_id: str, request: Request, node: NodeDep) -> Response:
+    # Unknown sandboxes stay 404 (the SDK maps that), known ones get an honest 501.
+    await node.store.require(_checked_id(sandbox_id))
+    operation = request.url.path.rsplit("/", 1)[-1]
+    raise Unimplemented(f"{operation} is not supported by this node yet: it {_NEXT}")
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics", response_model=list[SandboxMetric])

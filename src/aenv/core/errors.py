@@ -14,6 +14,7 @@ Connect code it is rendered with, so no route or RPC handler builds an error bod
     ├── ResourceExhausted      429  resource_exhausted
     │   └── NotEnoughSpace     507  resource_exhausted
     ├── Unavailable            503  unavailable
+    ├── Unimplemented          501  unimplemented
     ├── Internal               500  internal
     ├── RuntimeFailure         500  internal      a sandbox runtime (runsc …) failed
     └── CommandError           500  internal      an external command failed
@@ -83,6 +84,11 @@ class NotEnoughSpace(ResourceExhausted):
 class Unavailable(AenvError):
     http_status = 503
     connect_code = "unavailable"
+
+
+class Unimplemented(AenvError):
+    http_status = 501
+    connect_code = "unimplemented"
 
 
 class Internal(AenvError):
