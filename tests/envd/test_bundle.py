@@ -14,7 +14,6 @@ import hashlib
 import http.client
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -31,11 +30,10 @@ from aenv.core.errors import InvalidArgument
 from aenv.envd import ENVD_VERSION
 from aenv.envd.bundle import BundleInfo, Manifest, build_bundle
 from tests.conftest import free_port
+from tests.rootfs import USER_UID, make_busybox_root
 
 pytestmark = [pytest.mark.bundle, pytest.mark.slow]
 
-BUSYBOX = Path("/bin/busybox")
-USER_UID = 1000
 MOUNT = "/opt/whatever/envd"
 #: envd needs these and nothing else to switch users, own the files it writes and signal.
 CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL"]
@@ -60,27 +58,7 @@ def bundle(bundle_info: BundleInfo) -> Path:
 def rootfs(tmp_path: Path) -> Path:
     """A root with busybox as its only program: no Python, no libc, no dynamic loader."""
     root = tmp_path / "rootfs"
-    for d in ("bin", "etc", "root", "tmp", "proc", "dev", "home/user"):
-        (root / d).mkdir(parents=True)
-    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
-    applets = subprocess.run(
-        [str(BUSYBOX), "--list"], check=True, capture_output=True, text=True
-    ).stdout.split()
-    for applet in applets:
-        if not (root / "bin" / applet).exists():
-            (root / "bin" / applet).symlink_to("busybox")
-    # The SDK runs `/bin/bash -l -c CMD`. Debian's busybox has no bash applet (a symlink named
-    # bash says "applet not found"), so bash is a script handing its arguments to busybox sh.
-    (root / "bin" / "bash").write_text('#!/bin/sh\nexec /bin/sh "$@"\n')
-    (root / "bin" / "bash").chmod(0o755)
-    (root / "etc" / "passwd").write_text(
-        f"root:x:0:0:root:/root:/bin/sh\nuser:x:{USER_UID}:{USER_UID}:user:/home/user:/bin/sh\n"
-    )
-    (root / "etc" / "group").write_text(f"root:x:0:\nuser:x:{USER_UID}:\n")
-    os.chown(root / "home" / "user", USER_UID, USER_UID)
-    (root / "root").chmod(0o700)
-    (root / "tmp").chmod(0o1777)
-    return root
+    return make_busybox_root(root, extra_dirs=())
 
 
 @dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -27,13 +26,12 @@ from aenv.network.pool import SlotPool
 from aenv.runtime.base import ENVD_MOUNT, ENVD_PORT, Instance, SandboxSpec
 from aenv.runtime.gvisor import GvisorConfig, GvisorRuntime
 from tests.network.fixtures import internet, nft_table_cleanup, pool
+from tests.rootfs import make_busybox_root
 
 __all__ = ["internet", "nft_table_cleanup", "pool"]
 
 REPO = Path(__file__).resolve().parents[2]
 BUILT_BUNDLE = REPO / "build" / "envd-bundle"
-BUSYBOX = Path("/bin/busybox")
-USER_UID = 1000
 #: Test sandboxes' cgroups live apart from a node's (``/aenv``).
 CGROUP_PARENT = "/aenv-test"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -86,25 +84,7 @@ def envd_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def busybox_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A root with busybox as its only program (as in tests/envd/test_bundle.py)."""
     root = tmp_path_factory.mktemp("rootfs") / "root"
-    for d in ("bin", "etc", "root", "tmp", "proc", "dev", "sys", "home/user", "www"):
-        (root / d).mkdir(parents=True)
-    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
-    applets = subprocess.run(
-        [str(BUSYBOX), "--list"], check=True, capture_output=True, text=True
-    ).stdout.split()
-    for applet in applets:
-        if not (root / "bin" / applet).exists():
-            (root / "bin" / applet).symlink_to("busybox")
-    (root / "bin" / "bash").write_text('#!/bin/sh\nexec /bin/sh "$@"\n')
-    (root / "bin" / "bash").chmod(0o755)
-    (root / "etc" / "passwd").write_text(
-        f"root:x:0:0:root:/root:/bin/sh\nuser:x:{USER_UID}:{USER_UID}:user:/home/user:/bin/sh\n"
-    )
-    (root / "etc" / "group").write_text(f"root:x:0:\nuser:x:{USER_UID}:\n")
-    os.chown(root / "home" / "user", USER_UID, USER_UID)
-    (root / "root").chmod(0o700)
-    (root / "tmp").chmod(0o1777)
-    return root
+    return make_busybox_root(root, extra_dirs=("www",))
 
 
 @pytest.fixture
