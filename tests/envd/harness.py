@@ -92,8 +92,13 @@ def bwrap_argv(scratch: Path, inner: list[str], *, extra_ro: list[Path]) -> list
 
 def dev_exec_helper() -> Path:
     """Compile envd's exec-as helper for source-tree runs (the bundle ships its own)."""
-    source = REPO / "src" / "aenv" / "envd" / "launcher" / "exec_as.c"
-    out = REPO / "build" / "dev" / "exec-as"
+    return dev_static("exec_as.c", "exec-as")
+
+
+def dev_static(source_name: str, out_name: str) -> Path:
+    """A static helper of the bundle (launcher/*.c), compiled for source-tree runs."""
+    source = REPO / "src" / "aenv" / "envd" / "launcher" / source_name
+    out = REPO / "build" / "dev" / out_name
     if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")

@@ -43,13 +43,12 @@ def test_base_template_contents(sandbox: Sandbox) -> None:
     assert out.endswith("/home/user\n/home/user\n")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runsc 20240729 sets no_new_privs on every sandbox task whatever the OCI spec says, "
-    "so setuid sudo cannot elevate (docs/node.md, known gaps)",
-)
 def test_passwordless_sudo(sandbox: Sandbox) -> None:
-    assert sandbox.commands.run("sudo -n id -u").stdout == "0\n"
+    # runsc sets no_new_privs on every task, so this is envd's sudo stand-in, not setuid sudo.
+    assert sandbox.commands.run("sudo -n id -u; which sudo").stdout == "0\n/usr/local/bin/sudo\n"
+    assert sandbox.commands.run("sudo apt-get --version >/dev/null && echo apt-ok").stdout == (
+        "apt-ok\n"
+    )
 
 
 def test_files_and_pty(sandbox: Sandbox) -> None:

@@ -19,6 +19,7 @@ from aenv.envd.process.manager import ProcessManager
 from aenv.envd.process.service import ProcessService
 from aenv.envd.rpc import ErrorMappingInterceptor, codecs
 from aenv.envd.state import EnvdState
+from aenv.envd.sudo_server import SudoServer
 
 UNAUTHORIZED = (
     "unauthorized access, please provide a valid access token or method signing if supported"
@@ -37,6 +38,7 @@ class EnvdApp:
     def __init__(self, state: EnvdState, exec_helper: str | None = None) -> None:
         self.state = state
         self.processes = ProcessManager(exec_helper)
+        self.sudo = SudoServer(exec_helper)
         self.watchers = WatcherRegistry()
         interceptors = [ErrorMappingInterceptor()]
         self.process_rpc = ProcessASGIApplication(
@@ -83,9 +85,11 @@ class EnvdApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                await self.sudo.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.processes.kill_all()
+                self.sudo.close()
                 self.watchers.close_all()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

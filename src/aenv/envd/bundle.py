@@ -5,6 +5,7 @@ point. Its layout::
 
     bin/envd                      static launcher (launcher/launcher.c), the one entry point
     bin/exec-as                   static helper that switches user and execs (launcher/exec_as.c)
+    bin/sudo                      static sudo stand-in that asks envd (launcher/sudo.c)
     lib/<loader>                  the dynamic loader named in the interpreter's PT_INTERP
     lib/python3                   the host's CPython interpreter binary
     lib/*.so*                     libpython, libc and every other library, under their sonames
@@ -307,6 +308,7 @@ def _input_digest(sources: _Sources) -> str:
     h.update(repr((BUNDLE_FORMAT, sys.version, sys.platform)).encode())
     h.update(Path(__file__).read_bytes() + sources.launcher_c.read_bytes())
     h.update(sources.launcher_c.with_name("exec_as.c").read_bytes())
+    h.update(sources.launcher_c.with_name("sudo.c").read_bytes())
     for rel, content in sources.aenv_files:
         h.update(rel.encode() + b"\0" + content)
     for dist in sources.distributions:
@@ -484,6 +486,8 @@ async def _build_into(tmp: Path, sources: _Sources, say: Progress) -> Manifest:
     # envd finds it at sys.prefix/bin/exec-as and spawns user commands through it (vfork).
     exec_as = [str(sources.launcher_c.with_name("exec_as.c")), "-o", str(tmp / "bin" / "exec-as")]
     await proc.run(["gcc", *LAUNCHER_CFLAGS, *exec_as], timeout=STEP_TIMEOUT_S)
+    sudo = [str(sources.launcher_c.with_name("sudo.c")), "-o", str(tmp / "bin" / "sudo")]
+    await proc.run(["gcc", *LAUNCHER_CFLAGS, *sudo], timeout=STEP_TIMEOUT_S)
 
     say("byte-compiling")
     # The host's interpreter is the bundled one, so its bytecode is the bundle's.

@@ -34,6 +34,9 @@ from aenv.core.errors import InvalidArgument
 from aenv.network.base import NetSlot
 from aenv.runtime.base import ENVD_MOUNT, ENVD_PORT, SandboxSpec
 
+#: Where the bundle's sudo stand-in is mounted in every sandbox.
+SUDO_PATH = "/usr/local/bin/sudo"
+
 #: CFS period; the quota is ``cpu_count`` periods.
 CPU_PERIOD_US = 100_000
 #: Annotation naming the sandbox (the bundle path says it too; this survives moves).
@@ -153,6 +156,15 @@ def sandbox_config(
             "options": ["rbind", "ro"],
         },
     ]
+    sudo = spec.envd_bundle / "bin" / "sudo"
+    if sudo.exists():
+        # The runtime sets no_new_privs on every task, so setuid sudo cannot elevate: this
+        # stand-in (envd/launcher/sudo.c) asks envd to run the command. /usr/local/bin comes
+        # before /usr/bin in every login PATH, so it shadows the image's sudo.
+        mounts.append(
+            {"destination": SUDO_PATH, "type": "bind", "source": str(sudo),
+             "options": ["bind", "ro"]}
+        )
     for name, source in sorted((etc_mounts or {}).items()):
         mounts.append(
             {

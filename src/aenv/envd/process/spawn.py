@@ -133,3 +133,26 @@ def spawn(
     for fd in (out_r, err_r) + ((in_w,) if in_w is not None else ()):
         os.set_blocking(fd, False)
     return Spawned(popen, {"stdout": out_r, "stderr": err_r}, in_w, None)
+
+
+def spawn_with_fds(
+    argv: Sequence[str],
+    *,
+    fds: tuple[int, int, int],
+    env: Mapping[str, str],
+    cwd: str,
+    user: User,
+    exec_helper: str | None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` on someone else's stdin/stdout/stderr (the sudo stand-in's), in a new
+    session so that envd can kill the whole command."""
+    ident = _identity(user)
+    if exec_helper is not None and ident.user is not None:
+        _check_executable(argv, env)
+        argv = _via_helper(exec_helper, argv, user, ctty=False)
+        ident = _Identity()
+    return subprocess.Popen(
+        list(argv), stdin=fds[0], stdout=fds[1], stderr=fds[2], env=dict(env), cwd=cwd,
+        start_new_session=True, close_fds=True,
+        user=ident.user, group=ident.group, extra_groups=ident.extra_groups,
+    )
