@@ -107,6 +107,22 @@ def dev_static(source_name: str, out_name: str) -> Path:
     return out
 
 
+_compiled = False
+
+
+def _compile_sources() -> None:
+    """Byte-compile the source tree once: the sandbox sees it read-only, so an uncompiled
+    checkout would make every envd start compile ~470 modules from scratch."""
+    global _compiled
+    if not _compiled:
+        venv_python = REPO / ".venv" / "bin" / "python"
+        subprocess.run(
+            [str(venv_python), "-m", "compileall", "-q", str(REPO / "src" / "aenv")],
+            check=True, stdout=subprocess.DEVNULL,
+        )
+        _compiled = True
+
+
 def envd_command(
     port: int, bundle: Path | None, *, exec_helper: bool = True
 ) -> tuple[list[str], list[Path]]:
@@ -120,6 +136,7 @@ def envd_command(
     if not str(base).startswith("/usr/"):
         paths.append(base)
     helper = ["--exec-helper", str(dev_exec_helper())] if exec_helper else []
+    _compile_sources()
     return [str(venv_python), "-m", "aenv.envd", *listen, *helper], paths
 
 
@@ -168,7 +185,7 @@ class EnvdSandbox:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     import http.client
     from urllib.parse import urlsplit
 
