@@ -26,6 +26,9 @@ from aenv.store.models import COLUMNS, SandboxRecord, from_row, to_row
 class Store:
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
+        # Write-through cache of rows by id: this process is the database's only writer, so
+        # the proxy's per-request lookup needs no round trip to SQLite's thread.
+        self._cache: dict[str, SandboxRecord] = {}
 
     @classmethod
     async def open(cls, path: Path, *, synchronous: str = "NORMAL") -> Store:
@@ -67,13 +70,21 @@ class Store:
         names = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
         await self._db.execute(f"INSERT INTO sandboxes ({names}) VALUES ({marks})", row)
+        self._cache[record.sandbox_id] = record
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        cached = self._cache.get(sandbox_id)
+        if cached is not None:
+            return cached
         async with self._db.execute(
             "SELECT * FROM sandboxes WHERE sandbox_id = ?", (sandbox_id,)
         ) as cur:
             row = await cur.fetchone()
-        return from_row(dict(row)) if row else None
+        if row is None:
+            return None
+        record = from_row(dict(row))
+        self._cache[sandbox_id] = record
+        return record
 
     async def require(self, sandbox_id: str) -> SandboxRecord:
         record = await self.get(sandbox_id)
@@ -127,7 +138,9 @@ class Store:
             {**row, "old": record.version},
         )
         if cur.rowcount != 1:
+            self._cache.pop(record.sandbox_id, None)
             raise Conflict(f"sandbox {record.sandbox_id} changed concurrently; retry")
+        self._cache[new.sandbox_id] = new
         if new.state != record.state:
             await self.add_event(new.sandbox_id, f"state:{new.state}", {"from": str(record.state)})
         return new
@@ -137,6 +150,7 @@ class Store:
             "DELETE FROM sandboxes WHERE sandbox_id = ? AND version = ?",
             (record.sandbox_id, record.version),
         )
+        self._cache.pop(record.sandbox_id, None)
         if cur.rowcount != 1:
             raise Conflict(f"sandbox {record.sandbox_id} changed concurrently; retry")
         await self.add_event(record.sandbox_id, "deleted", None)
