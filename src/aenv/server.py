@@ -13,8 +13,9 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import uvicorn
@@ -138,6 +139,22 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         await store.close()
 
 
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGTERM/SIGINT once it has shut down, which kills the process before
+    our own clean-up (warm pool, network pool, store) runs. Stop serving, never re-raise."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
 async def serve(settings: Settings) -> None:
     key = api_key_for(settings)
     async with running_node(settings) as node:
@@ -148,7 +165,7 @@ async def serve(settings: Settings) -> None:
             ws="websockets-sansio", lifespan="off", access_log=False, log_level=settings.log_level,
             timeout_keep_alive=75, server_header=False,
         )
-        server = uvicorn.Server(config)
+        server = _Server(config)
         console.print(f"[bold green]aenv[/] serving on http://{settings.listen}  "
                       f"(E2B_API_URL=E2B_SANDBOX_URL=http://{settings.listen})")
         if not settings.api_key:

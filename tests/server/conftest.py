@@ -9,7 +9,13 @@ import pytest
 from e2b import Sandbox
 
 from tests.conftest import free_port
-from tests.server.harness import NodeServer, cleanup_home, client_env, start_server
+from tests.server.harness import (
+    NodeServer,
+    cleanup_home,
+    client_env,
+    kill_leaked,
+    start_server,
+)
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +31,7 @@ def server() -> Iterator[NodeServer]:
             _kill_all()
         finally:
             node.stop()
+            leaked = kill_leaked(node.home)
             for key, value in saved.items():
                 if value is None:
                     os.environ.pop(key, None)
@@ -33,6 +40,7 @@ def server() -> Iterator[NodeServer]:
             if "Traceback" in node.log():
                 print("server log contains tracebacks:\n" + node.log()[-8000:])
             cleanup_home(node.home)
+            assert not leaked, f"runsc processes outlived the server: {leaked}"
 
 
 def _kill_all() -> None:

@@ -118,6 +118,31 @@ def start_server(port: int, home: Path | None = None, **settings: str) -> NodeSe
     return server
 
 
+def leaked_sandboxes(home: Path) -> list[int]:
+    """PIDs of runsc processes still running for ``home`` (should be none after a stop that
+    followed killing every sandbox: the warm pool must clean up after itself)."""
+    marker = f"--root={home}/runtime/runsc"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_leaked(home: Path) -> list[int]:
+    pids = leaked_sandboxes(home)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
 def cleanup_home(home: Path) -> None:
     """Remove a test server's home, keeping its log at /tmp/aenv-test-logs/ for post-mortems."""
     log = home / "server.log"

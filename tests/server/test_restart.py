@@ -8,7 +8,7 @@ import pytest
 from e2b import Sandbox
 
 from tests.conftest import free_port
-from tests.server.harness import cleanup_home, client_env, start_server
+from tests.server.harness import cleanup_home, client_env, kill_leaked, start_server
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow]
 
@@ -35,6 +35,8 @@ def test_kill9_with_five_running_sandboxes() -> None:
         for info in Sandbox.list().next_items():
             Sandbox.kill(info.sandbox_id)
         server.stop()
+        leaked = kill_leaked(server.home)
         os.environ.clear()
         os.environ.update(saved)
         cleanup_home(server.home)
+    assert not leaked, f"runsc processes outlived the server: {leaked}"
