@@ -26,8 +26,10 @@ test: deps
 	$(BIN)/mypy
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# envd alone (bubblewrap), then the node server with real gVisor sandboxes (needs root).
 bench: deps bundle
 	$(BIN)/python -m bench.envd_bench
+	$(BIN)/python -m bench.node_bench
 
 lint: deps
 	$(BIN)/ruff check src tests bench

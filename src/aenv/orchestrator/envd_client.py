@@ -12,8 +12,10 @@ from aenv.core.errors import Unavailable
 from aenv.network.base import NetSlot
 from aenv.runtime.base import ENVD_PORT
 
-#: Poll interval while waiting for a fresh envd to listen; a boot takes ~100s of ms.
+#: Poll interval while waiting for a fresh envd to listen: starts small (a boot is ~100s of ms
+#: to seconds) and backs off, so a slow boot does not cost the server CPU.
 READY_POLL_S = 0.005
+READY_POLL_MAX_S = 0.05
 
 
 class EnvdClient:
@@ -31,6 +33,7 @@ class EnvdClient:
     async def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         last: Exception | None = None
+        pause = READY_POLL_S
         while time.monotonic() < deadline:
             try:
                 response = await self._http.get("/health", timeout=1.0)
@@ -38,7 +41,8 @@ class EnvdClient:
                     return
             except httpx.HTTPError as exc:
                 last = exc
-            await asyncio.sleep(READY_POLL_S)
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, READY_POLL_MAX_S)
         raise Unavailable(f"envd did not become ready within {timeout:.0f}s ({last})")
 
     async def init(
