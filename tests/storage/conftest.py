@@ -18,7 +18,7 @@ import pytest
 
 from aenv.storage.layers import Layer, LayerStore
 from aenv.storage.rootfs import RootfsStore, read_mountinfo
-from aenv.templates.base import build_busybox
+from aenv.templates.busybox import build_busybox
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting overlays needs root")
 needs_busybox = pytest.mark.skipif(

@@ -16,8 +16,8 @@ from aenv.templates.base import (
     _MmdebstrapProgress,
     _Reporter,
     base_recipe,
-    build_busybox,
 )
+from aenv.templates.busybox import build_busybox
 from tests.storage.conftest import needs_busybox, needs_root
 
 pytestmark = pytest.mark.anyio

@@ -10,9 +10,8 @@ from aenv.templates.base import (
     ProgressCallback,
     base_recipe,
     build_base,
-    build_busybox,
-    busybox_recipe,
 )
+from aenv.templates.busybox import build_busybox, busybox_recipe
 
 __all__ = [
     "BaseRecipe",
