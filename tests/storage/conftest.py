@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from aenv.storage.layers import Layer, LayerStore
-from aenv.storage.rootfs import RootfsStore, read_mountinfo
+from aenv.storage.mounts import read_mountinfo
+from aenv.storage.rootfs import RootfsStore
 from aenv.templates.busybox import build_busybox
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting overlays needs root")

@@ -42,7 +42,7 @@ from typing import Any
 
 from aenv.core import proc
 from aenv.core.errors import AenvError, FailedPrecondition, InvalidArgument, NotFound
-from aenv.storage.rootfs import read_mountinfo
+from aenv.storage.mounts import mounts_under
 
 _LAYER_ID = re.compile(r"^[0-9a-f]{64}$")
 _STAGING = ".staging"
@@ -319,17 +319,6 @@ class LayerStore:
                 if fd >= 0:
                     os.close(fd)
         return removed
-
-
-def mounts_under(path: Path) -> list[str]:
-    """Mount points inside ``path`` (or on it), innermost first, from this mount namespace."""
-    real = os.path.realpath(path)
-    inside = [
-        m.mount_point
-        for m in read_mountinfo()
-        if m.mount_point == real or m.mount_point.startswith(real + "/")
-    ]
-    return sorted(inside, key=len, reverse=True)
 
 
 def tree_usage(root: Path) -> tuple[int, int]:

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from aenv.core import proc
-from aenv.core.errors import CommandError, Conflict, InvalidArgument, NotFound
+from aenv.core.errors import Conflict, InvalidArgument, NotFound
+from aenv.storage.mounts import MOUNT_TIMEOUT_S, read_mountinfo, unmount
 
 #: Sandbox ids become path components: letters, digits, ``_.-``, not starting with a dot.
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -52,8 +53,6 @@ _BAD_PATH_CHARS = re.compile(r"[:,\\\s]")
 MOUNT_OPTIONS_MAX = 4095
 #: overlayfs refuses deeper stacks (OVL_MAX_STACK in fs/overlayfs).
 MAX_LOWERS = 500
-#: A mount or unmount is a few milliseconds; this long means a hung filesystem below us.
-MOUNT_TIMEOUT_S = 30.0
 #: Stacked mounts on one mount point can only come from a bug or an outside actor; we peel off
 #: at most this many before giving up, so a misbehaving mount table cannot loop us forever.
 _MAX_STACKED = 8
@@ -87,17 +86,6 @@ class SandboxPaths:
 
 
 @dataclass(frozen=True)
-class MountInfo:
-    """One line of ``/proc/self/mountinfo`` (the fields we use)."""
-
-    mount_id: int
-    mount_point: str
-    fstype: str
-    source: str
-    super_options: dict[str, str]
-
-
-@dataclass(frozen=True)
 class MountedRootfs:
     """A sandbox rootfs found mounted in the mount table."""
 
@@ -107,47 +95,6 @@ class MountedRootfs:
     #: ``lowerdir`` as the kernel shows it: top first, relative to the lowers' common parent.
     lowerdir: tuple[str, ...]
     upperdir: str | None
-
-
-def read_mountinfo(path: str = "/proc/self/mountinfo") -> list[MountInfo]:
-    """Parse the mount table of this process's mount namespace.
-
-    Prerequisites: /proc is mounted.
-    On success: every mount, in mount order (later mounts stack over earlier ones).
-    On failure: ``OSError`` if the table cannot be read.
-    """
-    with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-        lines = fh.read().splitlines()
-    mounts: list[MountInfo] = []
-    for line in lines:
-        # Fields: id, parent, dev, root, mount point, options, [optional...], "-", fstype,
-        # source, super options (see proc(5)).
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields = left.split(" ")
-        tail = right.split(" ")
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        options: dict[str, str] = {}
-        for item in tail[2].split(","):
-            key, _, value = item.partition("=")
-            options[key] = _unescape(value)
-        mounts.append(
-            MountInfo(
-                mount_id=int(fields[0]),
-                mount_point=_unescape(fields[4]),
-                fstype=tail[0],
-                source=_unescape(tail[1]),
-                super_options=options,
-            )
-        )
-    return mounts
-
-
-def _unescape(text: str) -> str:
-    # The kernel escapes space, tab, newline and backslash as \ooo octal.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
 
 
 class RootfsStore:
@@ -314,7 +261,7 @@ class RootfsStore:
 
     async def _undo_fresh(self, paths: SandboxPaths) -> None:
         if any(m.mount_point == str(paths.rootfs) for m in read_mountinfo()):
-            await _unmount(str(paths.rootfs), lazy=True, what="a half-assembled rootfs")
+            await unmount(str(paths.rootfs), lazy=True, what="a half-assembled rootfs")
         await asyncio.to_thread(_remove_pieces, paths)
 
     async def ensure_mounted(self, sandbox_id: str) -> Path:
@@ -360,7 +307,7 @@ class RootfsStore:
         for _ in range(_MAX_STACKED):
             if not self.is_mounted(sandbox_id):
                 break
-            await _unmount(target, lazy=lazy, what=f"rootfs of sandbox {sandbox_id}")
+            await unmount(target, lazy=lazy, what=f"rootfs of sandbox {sandbox_id}")
         if self.is_mounted(sandbox_id):
             raise Conflict(f"could not unmount the rootfs of sandbox {sandbox_id}: still mounted")
         if keep_upper:
@@ -386,16 +333,6 @@ class RootfsStore:
             )
         argv = ["mount", "-t", "overlay", _MOUNT_SOURCE, "-o", options, str(paths.rootfs)]
         await proc.run(argv, timeout=MOUNT_TIMEOUT_S, cwd=parent)
-
-
-async def _unmount(target: str, *, lazy: bool, what: str) -> None:
-    argv = ["umount", "--lazy", target] if lazy else ["umount", target]
-    try:
-        await proc.run(argv, timeout=MOUNT_TIMEOUT_S)
-    except CommandError as exc:
-        if "busy" in exc.stderr:
-            raise Conflict(f"{what} is busy: {exc.stderr.strip()}") from exc
-        raise
 
 
 def _check_lowers(lowers: Iterable[Path]) -> list[Path]:
