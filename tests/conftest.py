@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 
 import pytest
-
-# The node-server suite needs the composition root; until it exists the suite is not collected.
-collect_ignore_glob = [] if importlib.util.find_spec("aenv.server") else ["server/*"]
 
 
 def free_port() -> int:
