@@ -77,6 +77,7 @@ from bench.envd_bench import (
     SDK_CMD,
     Latency,
     envelope,
+    in_sandbox_spawn_ms,
     machine,
     raw_health,
     raw_start,
@@ -643,17 +644,6 @@ def direct_start(
             raise RuntimeError("direct Start did not end cleanly")
 
     return call
-
-
-def in_sandbox_spawn_ms(sandbox: Any, command: str, count: int, repeats: int = 3) -> float:
-    """Mean cost of spawning ``command`` from a shell loop inside the sandbox (timed by the
-    sandbox with ``date +%s%N``), median of ``repeats`` loops: no envd, proxy or SDK in it."""
-    script = (
-        f"s=$(date +%s%N); for i in $(seq {count}); do {command}; done; "
-        f"e=$(date +%s%N); echo $(( (e - s) / {count} ))"
-    )
-    per_spawn_ns = [int(sandbox.commands.run(script).stdout.strip()) for _ in range(repeats)]
-    return round(statistics.median(per_spawn_ns) / 1e6, 3)
 
 
 def measure_round_trip(report: Report, node: Node, runs: int, warmup: int, loop: int) -> None:
