@@ -13,8 +13,9 @@ from aenv.envd.filesystem.service import FilesystemService, end_watches_on_disco
 from aenv.envd.filesystem.watch import WatcherRegistry
 from aenv.envd.gen.filesystem_connect import FilesystemASGIApplication
 from aenv.envd.gen.process_connect import ProcessASGIApplication
-from aenv.envd.http_files import download, upload
+from aenv.envd.http_files import download
 from aenv.envd.http_misc import envs, error_response, health, init, metrics
+from aenv.envd.http_upload import upload
 from aenv.envd.process.manager import ProcessManager
 from aenv.envd.process.service import ProcessService
 from aenv.envd.rpc import ErrorMappingInterceptor, codecs
