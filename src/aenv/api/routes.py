@@ -226,12 +226,12 @@ async def sandbox_metrics(
         SandboxMetric(
             timestamp=iso(sample.timestamp),
             timestampUnix=now,
-            cpuCount=sample.cpu_count,
-            cpuUsedPct=sample.cpu_used_pct,
-            memUsed=sample.mem_used,
-            memTotal=sample.mem_total,
-            memCache=sample.mem_cache,
-            diskUsed=sample.disk_used,
-            diskTotal=sample.disk_total,
+            cpuCount=sample.stats.cpu_count,
+            cpuUsedPct=sample.stats.cpu_used_pct,
+            memUsed=sample.stats.mem_used,
+            memTotal=sample.stats.mem_total,
+            memCache=sample.stats.mem_cache,
+            diskUsed=sample.stats.disk_used,
+            diskTotal=sample.stats.disk_total,
         )
     ]

@@ -9,18 +9,15 @@ from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import decode
+from aenv.runtime.base import Stats
 
 
 @dataclass(frozen=True)
 class MetricSample:
+    """One sample: when it was taken, and the sandbox's usage in the runtime's own shape."""
+
     timestamp: float
-    cpu_count: int
-    cpu_used_pct: float
-    mem_used: int
-    mem_total: int
-    mem_cache: int
-    disk_used: int
-    disk_total: int
+    stats: Stats
 
 
 async def sample(node: Node, sandbox_id: str) -> MetricSample | None:
@@ -36,11 +33,13 @@ async def sample(node: Node, sandbox_id: str) -> MetricSample | None:
         data = await envd.metrics(record.envd_token)
     return MetricSample(
         timestamp=node.clock(),
-        cpu_count=int(data.get("cpu_count", record.cpu_count)),
-        cpu_used_pct=float(data.get("cpu_used_pct", 0.0)),
-        mem_used=int(data.get("mem_used", 0)),
-        mem_total=int(data.get("mem_total", 0)),
-        mem_cache=int(data.get("mem_cache", 0)),
-        disk_used=int(data.get("disk_used", 0)),
-        disk_total=int(data.get("disk_total", 0)),
+        stats=Stats(
+            cpu_count=int(data.get("cpu_count", record.cpu_count)),
+            cpu_used_pct=float(data.get("cpu_used_pct", 0.0)),
+            mem_used=int(data.get("mem_used", 0)),
+            mem_total=int(data.get("mem_total", 0)),
+            mem_cache=int(data.get("mem_cache", 0)),
+            disk_used=int(data.get("disk_used", 0)),
+            disk_total=int(data.get("disk_total", 0)),
+        ),
     )
