@@ -33,6 +33,12 @@ class Proxy:
         if client is not None:
             asyncio.get_running_loop().create_task(client.aclose())
 
+    async def _prune(self) -> None:
+        """Close clients of sandboxes that are gone (a kill needs no request to clean up)."""
+        for sandbox_id in list(self._clients):
+            if await self.node.store.get(sandbox_id) is None:
+                self.drop(sandbox_id)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
         record = None
         if is_sandbox_id(target.sandbox_id):
@@ -58,6 +64,7 @@ class Proxy:
                 return
             client = self._clients.get(record.sandbox_id)
             if client is None:
+                await self._prune()
                 client = httpx.AsyncClient(
                     transport=self.node.guests.transport(slot), timeout=forward.UPSTREAM_TIMEOUT
                 )
