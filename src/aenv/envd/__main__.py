@@ -21,9 +21,17 @@ def main(argv: list[str] | None = None) -> None:
         "--exec-helper", default=None,
         help="the exec-as helper (default: bin/exec-as of the bundle envd runs from, if any)",
     )
+    parser.add_argument(
+        "--remount-proc", action="store_true",
+        help="remount /proc with a small dentry cache first (gVisor checkpoint work-around)",
+    )
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--version", action="version", version=ENVD_VERSION)
     args = parser.parse_args(argv)
+    if args.remount_proc:
+        from aenv.envd.procfs import remount_proc
+
+        remount_proc()
     helper = args.exec_helper
     if helper is None:
         bundled = os.path.join(sys.prefix, "bin", "exec-as")

@@ -50,6 +50,24 @@ class Instance:
     net: NetSlot | None
 
 
+#: The files of a runsc memory image, all three present once a checkpoint completed.
+IMAGE_FILES = ("checkpoint.img", "pages_meta.img", "pages.img")
+
+
+@dataclass(frozen=True)
+class MemoryImage:
+    """A checkpoint on disk: the sandbox's kernel state, memory and (with an in-memory root
+    layer) its written files. Restorable any number of times, concurrently."""
+
+    path: Path
+    size_bytes: int
+
+    @classmethod
+    def at(cls, path: Path) -> MemoryImage:
+        """The complete image in ``path``; ``FileNotFoundError`` if a file is missing."""
+        return cls(path, sum((path / name).stat().st_size for name in IMAGE_FILES))
+
+
 @dataclass(frozen=True)
 class Stats:
     cpu_count: int
@@ -81,6 +99,32 @@ class Runtime(Protocol):
         On success: the sandbox's init (envd) has been started; readiness is the caller's check.
         On failure: nothing of the sandbox is left running; raises ``RuntimeFailure``.
         """
+        ...
+
+    async def restore(self, image: MemoryImage, spec: SandboxSpec, net: NetSlot) -> Instance:
+        """Start a sandbox from ``image`` as ``spec.sandbox_id`` in ``net``.
+
+        Prerequisites: as ``boot``; ``spec`` has the checkpointed sandbox's envd bundle and
+        shape; ``net`` is a fresh slot (guest address and MAC are the same in every slot).
+        On success: the sandbox runs where it was saved (processes, memory, files); guest TCP
+        connections open at the checkpoint are reset. On failure: as ``boot``.
+        """
+        ...
+
+    async def checkpoint(self, instance: Instance, dest: Path, *, leave_running: bool
+                         ) -> MemoryImage:
+        """Save the sandbox into ``dest`` (must not exist). ``leave_running``: the sandbox
+        goes on afterwards (its guest TCP connections reset); otherwise it exits.
+        On failure: ``dest`` is removed, the sandbox is as before; raises ``RuntimeFailure``.
+        """
+        ...
+
+    async def freeze(self, instance: Instance) -> None:
+        """Stop every task of the sandbox; memory stays resident."""
+        ...
+
+    async def thaw(self, instance: Instance) -> None:
+        """Continue a frozen sandbox."""
         ...
 
     async def destroy(self, instance: Instance) -> None:

@@ -35,7 +35,7 @@ from aenv.core import ids
 from aenv.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from aenv.network.base import NetSlot
 from aenv.runtime import oci
-from aenv.runtime.base import Instance, Observed, SandboxSpec, Stats
+from aenv.runtime.base import Instance, MemoryImage, Observed, SandboxSpec, Stats
 from aenv.runtime.runsc import RUNSC, Runsc, RunscConfig, map_runsc_errors
 
 log = logging.getLogger("aenv.runtime.gvisor")
@@ -57,8 +57,8 @@ class GvisorConfig:
     state_dir: Path
     runsc: Path = RUNSC
     platform: str = "systrap"
-    #: See ``RunscConfig.overlay2``: ``none`` writes through to the rootfs directory.
-    overlay2: str = "none"
+    #: See ``RunscConfig.overlay2``: ``root:memory`` keeps written files inside checkpoints.
+    overlay2: str = "root:memory"
     #: Host cgroup under which each sandbox gets ``<sandbox_id>`` (every v1 controller).
     cgroup_parent: str = "/aenv"
     limits: oci.Limits = field(default_factory=oci.Limits)
@@ -125,32 +125,39 @@ class GvisorRuntime:
         ``InvalidArgument``/``FailedPrecondition`` for a bad spec, ``AlreadyExists`` when the
         id runs already, ``RuntimeFailure`` when runsc fails (with its log's tail).
         """
-        sid = spec.sandbox_id
-        if not ids.is_sandbox_id(sid):
-            raise InvalidArgument(f"{sid!r} is not a sandbox id (20 characters a-z0-9)")
-        if not spec.rootfs.is_dir():
-            raise FailedPrecondition(f"rootfs {spec.rootfs} of sandbox {sid} is not a directory")
-        if not (spec.envd_bundle / "bin" / "envd").is_file():
-            raise FailedPrecondition(f"{spec.envd_bundle} is not an envd bundle (no bin/envd)")
-        if not Path(net.netns_path).exists():
-            raise FailedPrecondition(f"network namespace {net.netns_path} does not exist")
-        await self._clear_leftover(sid)
+        return await self._start(spec, net, None)
 
-        bundle, logs = self.bundle_dir(sid), self.log_dir(sid)
+    async def restore(self, image: MemoryImage, spec: SandboxSpec, net: NetSlot) -> Instance:
+        """Start ``spec.sandbox_id`` from ``image`` in ``net`` (see ``Runtime.restore``).
+
+        The bundle is written afresh for this id and slot; the container name and mounts
+        are the same as at boot, which is what runsc matches saved host FDs by.
+        ~0.3-0.4 s, CPU-bound (seccomp filters, decoding kernel objects).
+        """
+        return await self._start(spec, net, image)
+
+    async def checkpoint(self, instance: Instance, dest: Path, *, leave_running: bool
+                         ) -> MemoryImage:
+        """Save the sandbox into the new directory ``dest`` (see ``Runtime.checkpoint``)."""
+        sid = instance.sandbox_id
+        dest.mkdir(parents=True)
         try:
-            self._prepare_bundle(spec, net)
-            logs.mkdir(parents=True, exist_ok=True)
-            pid_file = bundle / "sandbox.pid"
-            with map_runsc_errors(sid, "run", log=self.console_log(sid)):
-                await self.runsc.run_detached(
-                    sid, bundle, log_dir=logs, console=self.console_log(sid), pid_file=pid_file
-                )
-            pid = _read_pid(pid_file)
+            with map_runsc_errors(sid, "checkpoint", log=self.console_log(sid)):
+                await self.runsc.checkpoint(instance.runtime_id, dest,
+                                            leave_running=leave_running,
+                                            console=self.console_log(sid))
+            return MemoryImage.at(dest)
         except BaseException:
-            await asyncio.shield(self._remove(sid, keep_logs=self.config.keep_logs))
+            shutil.rmtree(dest, ignore_errors=True)
             raise
-        log.info("booted sandbox %s (pid %s) in slot %d", sid, pid, net.index)
-        return Instance(sandbox_id=sid, runtime_id=sid, pid=pid, net=net)
+
+    async def freeze(self, instance: Instance) -> None:
+        with map_runsc_errors(instance.sandbox_id, "pause"):
+            await self.runsc.pause(instance.runtime_id)
+
+    async def thaw(self, instance: Instance) -> None:
+        with map_runsc_errors(instance.sandbox_id, "resume"):
+            await self.runsc.resume(instance.runtime_id)
 
     async def destroy(self, instance: Instance) -> None:
         """Kill every process of the sandbox and remove its runsc state, cgroups, bundle and
@@ -220,6 +227,45 @@ class GvisorRuntime:
         )
 
     # ---------------------------------------------------------------- internals
+
+    async def _start(self, spec: SandboxSpec, net: NetSlot, image: MemoryImage | None
+                     ) -> Instance:
+        sid = spec.sandbox_id
+        if not ids.is_sandbox_id(sid):
+            raise InvalidArgument(f"{sid!r} is not a sandbox id (20 characters a-z0-9)")
+        if not spec.rootfs.is_dir():
+            raise FailedPrecondition(f"rootfs {spec.rootfs} of sandbox {sid} is not a directory")
+        if not (spec.envd_bundle / "bin" / "envd").is_file():
+            raise FailedPrecondition(f"{spec.envd_bundle} is not an envd bundle (no bin/envd)")
+        if not Path(net.netns_path).exists():
+            raise FailedPrecondition(f"network namespace {net.netns_path} does not exist")
+        await self._clear_leftover(sid)
+
+        bundle, logs = self.bundle_dir(sid), self.log_dir(sid)
+        try:
+            self._prepare_bundle(spec, net)
+            logs.mkdir(parents=True, exist_ok=True)
+            pid_file = bundle / "sandbox.pid"
+            action = "run" if image is None else "restore"
+            with map_runsc_errors(sid, action, log=self.console_log(sid)):
+                if image is None:
+                    await self.runsc.run_detached(
+                        sid, bundle, log_dir=logs, console=self.console_log(sid),
+                        pid_file=pid_file,
+                    )
+                else:
+                    await self.runsc.restore_detached(
+                        sid, bundle, image.path, log_dir=logs, console=self.console_log(sid),
+                        pid_file=pid_file,
+                    )
+            pid = _read_pid(pid_file)
+        except BaseException:
+            await asyncio.shield(self._remove(sid, keep_logs=self.config.keep_logs))
+            raise
+        log.info("%s sandbox %s (pid %s) in slot %d", "booted" if image is None else "restored",
+                 sid, pid, net.index)
+        return Instance(sandbox_id=sid, runtime_id=sid, pid=pid, net=net)
+
 
     def _prepare_bundle(self, spec: SandboxSpec, net: NetSlot) -> None:
         bundle = self.bundle_dir(spec.sandbox_id)

@@ -41,6 +41,10 @@ SUDO_PATH = "/usr/local/bin/sudo"
 CPU_PERIOD_US = 100_000
 #: Annotation naming the sandbox (the bundle path says it too; this survives moves).
 SANDBOX_ID_ANNOTATION = "dev.aenv.sandbox-id"
+#: runsc names a container's host FDs in a checkpoint after this annotation; without it the
+#: name is "" at checkpoint and "__no_name_0" at restore, and no restore finds its FDs.
+CONTAINER_NAME_ANNOTATION = "io.kubernetes.cri.container-name"
+CONTAINER_NAME = "envd"
 
 #: Docker's default set, plus what E2B users expect root to be able to do inside a sandbox
 #: (mount, ptrace a debugger, raise limits, renice) — all of it virtual: these act on gVisor's
@@ -95,6 +99,9 @@ def envd_argv(spec: SandboxSpec) -> list[str]:
         str(ENVD_PORT),
         "--host",
         "0.0.0.0",
+        # This runsc keeps every dead task that read /proc/self in procfs's lookup cache,
+        # so each later checkpoint grows ~116 KB per such program (ps, node, busybox...).
+        "--remount-proc",
         *spec.envd_args,
     ]
 
@@ -192,7 +199,10 @@ def sandbox_config(
         "root": {"path": str(spec.rootfs), "readonly": False},
         "hostname": spec.hostname,
         "mounts": mounts,
-        "annotations": {SANDBOX_ID_ANNOTATION: spec.sandbox_id},
+        "annotations": {
+            SANDBOX_ID_ANNOTATION: spec.sandbox_id,
+            CONTAINER_NAME_ANNOTATION: CONTAINER_NAME,
+        },
         "linux": {
             "namespaces": [
                 {"type": "pid"},

@@ -66,10 +66,10 @@ class RunscConfig:
     #: systrap: no KVM needed (and /dev/kvm here is nested PVM, which gVisor cannot use).
     platform: str = "systrap"
     network: str = "sandbox"
-    #: ``none``: writes go straight to the rootfs directory (an overlay upper prepared by
-    #: storage), so a snapshot can seal them as a layer. ``root:memory`` would keep them in the
-    #: sandbox's memory (inside checkpoints) instead.
-    overlay2: str = "none"
+    #: ``root:memory``: the root's writable layer lives in the sandbox's memory, so every
+    #: checkpoint holds memory and files of one instant (a fork child restored from it sees
+    #: exactly what the parent saw). ``none`` writes through to the rootfs directory instead.
+    overlay2: str = "root:memory"
     #: Raw sockets (ping) inside sandboxes; off by default like runsc itself.
     net_raw: bool = False
     extra_flags: tuple[str, ...] = ()
@@ -86,6 +86,9 @@ class RunscConfig:
             # sandbox, so the sentry may cache them instead of revalidating every lookup: envd
             # starts ~10% faster (its ~400 module imports are lookups).
             "--file-access-mounts=exclusive",
+            # Without it a checkpoint is refused while any guest TCP connection is open (or in
+            # TIME-WAIT); with it the save resets them. Read when links are made: run, restore.
+            "--net-disconnect-ok",
         ]
         if self.net_raw:
             flags.append("--net-raw")
@@ -151,6 +154,12 @@ def _tail(path: Path, limit: int = 4000) -> str:
         return ""
 
 
+def _in_net_workaround(output: Path, runsc: Sequence[str]) -> list[str]:
+    """``runsc`` under the /proc/sys/net workaround, stdio to /dev/null and ``output``."""
+    return ["unshare", "-m", "--propagation", "slave", "--", "sh", "-c", _NETNS_WORKAROUND,
+            "sh", str(output), *runsc]
+
+
 class Runsc:
     """runsc subcommands, one method each; raw ``CommandError`` escapes (wrap the call site
     in ``map_runsc_errors``)."""
@@ -184,9 +193,59 @@ class Runsc:
             f"-pid-file={pid_file}",
             container_id,
         ]
-        argv = ["unshare", "-m", "--propagation", "slave", "--", "sh", "-c", _NETNS_WORKAROUND,
-                "sh", str(console), *runsc]
-        await proc.run(argv, timeout=RUN_TIMEOUT_S)
+        await proc.run(_in_net_workaround(console, runsc), timeout=RUN_TIMEOUT_S)
+
+    async def restore_detached(
+        self, container_id: str, bundle: Path, image: Path, *, log_dir: Path, console: Path,
+        pid_file: Path,
+    ) -> None:
+        """``runsc restore -detach``: a new sandbox from the memory image in ``image``.
+
+        Prerequisites: as ``run_detached``; ``bundle/config.json`` has the same mounts and
+        container name as the checkpointed sandbox's (paths may differ) and a fresh netns
+        with the same guest address. On success/failure: as ``run_detached``.
+        """
+        runsc = [
+            str(self.config.binary),
+            *self.config.global_flags(),
+            f"--debug-log={log_dir}/",
+            "restore",
+            "-detach",
+            f"-image-path={image}",
+            f"-bundle={bundle}",
+            f"-pid-file={pid_file}",
+            container_id,
+        ]
+        await proc.run(_in_net_workaround(console, runsc), timeout=RUN_TIMEOUT_S)
+
+    async def checkpoint(
+        self, container_id: str, image: Path, *, leave_running: bool, console: Path
+    ) -> None:
+        """``runsc checkpoint --compression=none``: save the sandbox into ``image`` (a new,
+        empty directory). Without ``leave_running`` the sandbox exits once saved.
+
+        On failure: raises ``CommandError``; ``image`` may hold partial files (remove it).
+        A refused save (e.g. unsupported state) leaves the sandbox running.
+        """
+        runsc = [
+            str(self.config.binary),
+            *self.config.global_flags(),
+            "checkpoint",
+            # flate costs ~180 ms per 64 MiB of incompressible memory; disk is cheaper.
+            "--compression=none",
+            f"--image-path={image}",
+            *(["--leave-running"] if leave_running else []),
+            container_id,
+        ]
+        await proc.run(_in_net_workaround(console, runsc), timeout=RUN_TIMEOUT_S)
+
+    async def pause(self, container_id: str) -> None:
+        """``runsc pause``: stop every task of the sandbox; memory stays."""
+        await proc.run(self._argv("pause", container_id), timeout=QUERY_TIMEOUT_S)
+
+    async def resume(self, container_id: str) -> None:
+        """``runsc resume`` of a paused sandbox."""
+        await proc.run(self._argv("resume", container_id), timeout=QUERY_TIMEOUT_S)
 
     async def state(self, container_id: str) -> ContainerState:
         """``runsc state``; raises ``CommandError`` (→ ``NotFound``) for unknown ids."""

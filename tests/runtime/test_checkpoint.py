@@ -1,0 +1,123 @@
+"""Checkpoint, restore, freeze and thaw on real runsc sandboxes running the real envd."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aenv.core.errors import NotFound, RuntimeFailure
+from aenv.network import guest_http
+from aenv.runtime.base import ENVD_PORT, IMAGE_FILES, MemoryImage, SandboxSpec
+from tests.runtime.conftest import Booted, SandboxFactory
+
+pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.anyio]
+
+COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done"
+
+
+async def _start_via_envd(booted: Booted, script: str) -> None:
+    """Start ``sh -c script`` as envd's child (as the product does), then hang up."""
+    body = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", script]}}).encode()
+    frame = struct.pack(">BI", 0, len(body)) + body
+    base = f"http://{booted.slot.guest_ip}:{ENVD_PORT}"
+    async with httpx.AsyncClient(transport=guest_http.transport(booted.slot),
+                                 base_url=base) as client, client.stream(
+        "POST", "/process.Process/Start", content=frame,
+        headers={"content-type": "application/connect+json"},
+    ) as response:
+        assert response.status_code == 200, await response.aread()
+        async for _ in response.aiter_bytes():
+            break  # the start event: the process runs
+
+
+async def _counter(sandboxes: SandboxFactory, booted: Booted) -> int:
+    text = await sandboxes.sh(booted, "cat /tmp/counter")
+    return int(text.strip())
+
+
+def _respec(sandboxes: SandboxFactory, spec: SandboxSpec) -> SandboxSpec:
+    """A new sandbox id on a copy of the same (pristine) root, as a fork child gets."""
+    fresh = sandboxes.spec(memory_mb=spec.memory_mb, cpu_count=spec.cpu_count)
+    return fresh
+
+
+async def test_checkpoint_then_restore_keeps_processes_files_and_envd(
+    sandboxes: SandboxFactory, tmp_path: Path
+) -> None:
+    parent = await sandboxes.boot()
+    await sandboxes.sh(parent, "echo kept > /tmp/written")
+    await _start_via_envd(parent, COUNTER)
+    await asyncio.sleep(0.5)
+    before = await _counter(sandboxes, parent)
+    assert "dentry_cache_limit=10" in await sandboxes.sh(parent, "cat /proc/self/mountinfo")
+
+    image = await sandboxes.runtime.checkpoint(parent.instance, tmp_path / "img",
+                                               leave_running=True)
+    assert all((image.path / name).exists() for name in IMAGE_FILES)
+    assert image.size_bytes > 1_000_000
+    # The source runs on.
+    assert await sandboxes.health(parent) == 204
+    assert await _counter(sandboxes, parent) >= before
+
+    spec = _respec(sandboxes, parent.spec)
+    slot = await sandboxes.pool.acquire()
+    child = sandboxes.track(await sandboxes.runtime.restore(image, spec, slot), spec)
+    await sandboxes.envd_ready(child, timeout=30)
+    # The written file lives in the in-memory root layer, so it came with the image.
+    assert (await sandboxes.sh(child, "cat /tmp/written")).strip() == "kept"
+    first = await _counter(sandboxes, child)
+    await asyncio.sleep(0.5)
+    assert await _counter(sandboxes, child) > first >= before
+    # Independent afterwards: the child's writes do not reach the parent.
+    await sandboxes.sh(child, "echo child > /tmp/written")
+    assert (await sandboxes.sh(parent, "cat /tmp/written")).strip() == "kept"
+
+
+async def test_checkpoint_without_leave_running_stops_the_sandbox(
+    sandboxes: SandboxFactory, tmp_path: Path
+) -> None:
+    booted = await sandboxes.boot()
+    await _start_via_envd(booted, COUNTER)
+    await sandboxes.runtime.checkpoint(booted.instance, tmp_path / "img", leave_running=False)
+    assert await sandboxes.health(booted) == 0  # saved and gone (runsc's state file lags)
+    await sandboxes.destroy(booted)
+    # Restore under the same id into a new slot: the paused sandbox comes back.
+    slot = await sandboxes.pool.acquire()
+    again = sandboxes.track(
+        await sandboxes.runtime.restore(MemoryImage.at(tmp_path / "img"), booted.spec, slot),
+        booted.spec,
+    )
+    await sandboxes.envd_ready(again, timeout=30)
+    first = await _counter(sandboxes, again)
+    await asyncio.sleep(0.4)
+    assert await _counter(sandboxes, again) > first
+
+
+async def test_freeze_stops_the_guest_and_thaw_continues_it(sandboxes: SandboxFactory) -> None:
+    booted = await sandboxes.boot()
+    await _start_via_envd(booted, COUNTER)
+    await asyncio.sleep(0.3)
+    await sandboxes.runtime.freeze(booted.instance)
+    assert await sandboxes.health(booted) == 0
+    await sandboxes.runtime.thaw(booted.instance)
+    first = await _counter(sandboxes, booted)
+    await asyncio.sleep(0.4)
+    assert await _counter(sandboxes, booted) > first
+
+
+async def test_a_failed_checkpoint_removes_its_directory(
+    sandboxes: SandboxFactory, tmp_path: Path
+) -> None:
+    booted = await sandboxes.boot()
+    await sandboxes.destroy(booted)
+    with pytest.raises((NotFound, RuntimeFailure)):
+        await sandboxes.runtime.checkpoint(booted.instance, tmp_path / "img",
+                                           leave_running=True)
+    assert not (tmp_path / "img").exists()
+    shutil.rmtree(tmp_path, ignore_errors=True)
