@@ -31,11 +31,14 @@ from aenv.network.guest_http import GuestConnector
 from aenv.network.pool import NetConfig, SlotPool
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.recover import recover
+from aenv.orchestrator.spill import Spiller
+from aenv.orchestrator.template_image import with_memory_image
 from aenv.orchestrator.ttl import run_ttl_loop
 from aenv.orchestrator.warm import WarmPool
 from aenv.proxy.app import Proxy
 from aenv.runtime.gvisor import GvisorConfig, GvisorRuntime
 from aenv.storage.layers import LayerStore
+from aenv.storage.repository import SnapshotRepository
 from aenv.storage.rootfs import RootfsStore
 from aenv.store.sqlite import Store
 from aenv.templates.catalog import TemplateCatalog
@@ -99,7 +102,10 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     settings.home.mkdir(parents=True, exist_ok=True)
     bundle = await _prepare_envd(settings)
     layers = LayerStore(settings.layers_dir or settings.home / "layers")
-    catalog = TemplateCatalog(layers)
+    repository = SnapshotRepository(settings.home / "repository", settings.home / "staging")
+    for leftover in repository.start():
+        log.info("removed %s, left by an interrupted snapshot", leftover)
+    catalog = TemplateCatalog(layers, repository)
     await _prepare_templates(catalog)
     store = await Store.open(settings.home / "state.db")
     pool = SlotPool(NetConfig(
@@ -112,8 +118,10 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     node = Node(
         settings=settings, store=store, runtime=runtime, pool=pool,
         rootfs=RootfsStore.at_home(settings.home), templates=catalog, guests=guests,
-        envd_bundle=bundle,
+        envd_bundle=bundle, repository=repository, paused_dir=settings.home / "paused",
     )
+    spiller = Spiller(node)
+    node.spiller = spiller
     await pool.start()
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -121,8 +129,12 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         swept = await pool.sweep()
         log.info("recovered: %d re-attached, %d torn down, %d orphans, %d stale slots",
                  len(plan.reattach), len(plan.teardown), len(plan.orphans), len(swept))
+        spiller.start()
         tasks.append(asyncio.create_task(run_ttl_loop(node), name="ttl"))
         base = await catalog.resolve(settings.default_template)
+        with console.status("preparing the base template's memory image"):
+            base = await with_memory_image(node, base)
+        catalog.use_image(base)
         warm = WarmPool(node, base, settings.warm_pool_size)
         node.warm = warm
         warm.start()
@@ -131,6 +143,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await spiller.close()
         if node.warm is not None:
             with contextlib.suppress(Exception):
                 await warm.close()

@@ -1,13 +1,23 @@
 """The driver contract (runtime.base.Runtime), run against the fake and the real gVisor driver.
 
 What the orchestrator relies on: boot → observe shows it; a live id cannot boot twice; bad specs
-and failed boots leave nothing; destroy is idempotent and frees the id.
+and failed boots leave nothing; destroy is idempotent and frees the id. Checkpoint, restore,
+freeze and thaw: a checkpoint that leaves the source running yields a complete image that
+restores, state and all, under a new id in a new slot; a taken destination or a torn image is
+refused without leaving anything; freeze/thaw round-trips; a checkpoint without
+``leave_running`` ends the source and restores under its own id (as a resume after a spill).
+
+Where the drivers word a refusal differently (the fake's ``FailedPrecondition``, runsc's
+``RuntimeFailure``), a case accepts both: the orchestrator relies on the refusal and on what it
+leaves, not on the class.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -18,17 +28,21 @@ from aenv.core.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
+    NotFound,
     RuntimeFailure,
 )
 from aenv.network import slots
 from aenv.network.base import NetSlot
-from aenv.runtime.base import Instance, Runtime, SandboxSpec
+from aenv.runtime.base import IMAGE_FILES, Instance, MemoryImage, Runtime, SandboxSpec
 from aenv.runtime.fake import FakeRuntime
 from tests.runtime.conftest import SandboxFactory
 
 pytestmark = pytest.mark.anyio
 
 _fake_slots = itertools.count(61_900)
+#: runsc's state file says ``running`` until the exited sandbox's process is reaped (~1-2 s
+#: here, whose PID 1 reaps orphans slowly); the fake says ``stopped`` at once.
+EXIT_SEEN_TIMEOUT_S = 15.0
 
 
 class Harness(Protocol):
@@ -45,6 +59,12 @@ class Harness(Protocol):
     def broken_slot(self, slot: NetSlot, tmp: Path) -> NetSlot: ...
 
     def make_next_boot_fail(self) -> None: ...
+
+    async def write_state(self, instance: Instance, text: str) -> None:
+        """Change the guest's state (what a checkpoint must carry)."""
+        ...
+
+    async def read_state(self, instance: Instance) -> str: ...
 
 
 class FakeHarness:
@@ -73,6 +93,12 @@ class FakeHarness:
     def make_next_boot_fail(self) -> None:
         self.runtime.fail_next_boot(RuntimeFailure("boot failed (injected)"))
 
+    async def write_state(self, instance: Instance, text: str) -> None:
+        self.runtime.remember(instance.sandbox_id, "contract", text)
+
+    async def read_state(self, instance: Instance) -> str:
+        return self.runtime.recall(instance.sandbox_id)["contract"]
+
 
 class GvisorHarness:
     def __init__(self, factory: SandboxFactory) -> None:
@@ -99,6 +125,17 @@ class GvisorHarness:
     def make_next_boot_fail(self) -> None:
         raise NotImplementedError  # the real driver fails for real (broken_slot)
 
+    # A file in the sandbox's /tmp: the root's writable layer lives in its memory
+    # (overlay2 root:memory), so it travels inside the image.
+    async def write_state(self, instance: Instance, text: str) -> None:
+        await self.runtime.runsc.exec(
+            instance.runtime_id, ["/bin/sh", "-c", 'printf %s "$1" > /tmp/contract', "sh", text]
+        )
+
+    async def read_state(self, instance: Instance) -> str:
+        done = await self.runtime.runsc.exec(instance.runtime_id, ["cat", "/tmp/contract"])
+        return done.text
+
 
 @pytest.fixture(params=["fake", pytest.param("gvisor", marks=[pytest.mark.gvisor,
                                                               pytest.mark.slow])])
@@ -120,6 +157,40 @@ async def _boot(h: Harness, spec: SandboxSpec | None = None) -> Instance:
         raise
     h.track(instance, spec)
     return instance
+
+
+async def _restore(h: Harness, image: MemoryImage, spec: SandboxSpec | None = None) -> Instance:
+    """Restore into a fresh slot, as ``_boot`` boots."""
+    spec = spec or h.spec()
+    slot = await h.slot()
+    try:
+        instance = await h.runtime.restore(image, spec, slot)
+    except BaseException:
+        await h.give_back(slot)
+        raise
+    h.track(instance, spec)
+    return instance
+
+
+async def _statuses(h: Harness, sandbox_id: str) -> list[str]:
+    return [o.status for o in await h.runtime.observe() if o.sandbox_id == sandbox_id]
+
+
+async def _statuses_once_exited(h: Harness, sandbox_id: str) -> list[str]:
+    """What observe says of a sandbox that was told to exit, once it is seen to (or time
+    runs out: then the caller's assertion shows the last answer)."""
+    deadline = time.monotonic() + EXIT_SEEN_TIMEOUT_S
+    while (statuses := await _statuses(h, sandbox_id)) == ["running"]:
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    return statuses
+
+
+def _assert_nothing_left(h: Harness, sandbox_id: str, observed: list[str]) -> None:
+    assert sandbox_id not in observed
+    if isinstance(h, GvisorHarness):
+        assert not h.factory.runtime.bundle_dir(sandbox_id).exists()
 
 
 async def test_boot_observe_stats_destroy(harness: Harness) -> None:
@@ -177,3 +248,86 @@ async def test_a_destroyed_id_can_boot_again(harness: Harness) -> None:
     observed = [o for o in await harness.runtime.observe() if o.sandbox_id == spec.sandbox_id]
     assert [o.status for o in observed] == ["running"]
     assert second.net.index != first.net.index or isinstance(harness, FakeHarness)
+
+
+# ------------------------------------------------------------ checkpoint, restore, freeze, thaw
+# Two real sandboxes per case: each costs seconds on gVisor.
+
+
+async def test_checkpoint_leaves_the_source_running_and_its_image_restores_elsewhere(
+    harness: Harness, tmp_path: Path
+) -> None:
+    source = await _boot(harness)
+    await harness.write_state(source, "saved")
+
+    # A destination that exists is refused and left alone. (The gVisor driver lets mkdir's
+    # FileExistsError through rather than a domain error.)
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "mine").write_text("not the driver's")
+    with pytest.raises((FailedPrecondition, FileExistsError)):
+        await harness.runtime.checkpoint(source, taken, leave_running=True)
+    assert [p.name for p in taken.iterdir()] == ["mine"]
+    assert await _statuses(harness, source.sandbox_id) == ["running"]
+
+    image = await harness.runtime.checkpoint(source, tmp_path / "img", leave_running=True)
+    assert image == MemoryImage.at(tmp_path / "img")  # all of IMAGE_FILES are there
+    assert image.size_bytes > 0
+    assert await _statuses(harness, source.sandbox_id) == ["running"]
+
+    spec = harness.spec()
+    child = await _restore(harness, image, spec)
+    assert (child.sandbox_id, child.runtime_id) == (spec.sandbox_id, spec.sandbox_id)
+    assert child.net is not None and source.net is not None
+    assert child.net.index != source.net.index
+    assert await _statuses(harness, child.sandbox_id) == ["running"]
+    assert await _statuses(harness, source.sandbox_id) == ["running"]
+    assert await harness.read_state(child) == "saved"
+
+    # A torn image (one file missing) is refused and leaves nothing of the would-be sandbox.
+    (image.path / IMAGE_FILES[-1]).unlink()
+    torn = harness.spec()
+    with pytest.raises((FailedPrecondition, RuntimeFailure)):
+        await _restore(harness, image, torn)
+    _assert_nothing_left(harness, torn.sandbox_id,
+                         [o.sandbox_id for o in await harness.runtime.observe()])
+    assert await _statuses(harness, child.sandbox_id) == ["running"]
+
+
+async def test_freeze_thaw_then_a_checkpoint_that_ends_the_source(
+    harness: Harness, tmp_path: Path
+) -> None:
+    spec = harness.spec()
+    source = await _boot(harness, spec)
+    sid = spec.sandbox_id
+
+    # Thaw only what is frozen (runsc's control socket kills a sandbox it is asked to
+    # resume while running; the CLI and the fake refuse), freeze only what runs.
+    with pytest.raises((FailedPrecondition, RuntimeFailure)):
+        await harness.runtime.thaw(source)
+    assert await _statuses(harness, sid) == ["running"]
+    await harness.runtime.freeze(source)
+    assert await _statuses(harness, sid) == ["paused"]
+    with pytest.raises((FailedPrecondition, RuntimeFailure)):
+        await harness.runtime.freeze(source)
+    await harness.runtime.thaw(source)
+    assert await _statuses(harness, sid) == ["running"]
+    await harness.write_state(source, "after the thaw")  # the guest runs again
+
+    image = await harness.runtime.checkpoint(source, tmp_path / "img", leave_running=False)
+    assert image == MemoryImage.at(tmp_path / "img")
+    assert await _statuses_once_exited(harness, sid) == ["stopped"]
+    with pytest.raises((NotFound, RuntimeFailure)):
+        await harness.runtime.freeze(source)
+
+    # Restorable under its own id, in a new slot, once the old runtime is gone: as a
+    # resume after a spill to disk.
+    await harness.runtime.destroy(source)
+    with pytest.raises((NotFound, RuntimeFailure)):
+        await harness.runtime.checkpoint(source, tmp_path / "gone", leave_running=True)
+    assert not (tmp_path / "gone").exists()
+    again = await _restore(harness, image, spec)
+    assert again.net is not None and source.net is not None
+    assert again.net.index != source.net.index
+    assert await _statuses(harness, sid) == ["running"]
+    assert await harness.read_state(again) == "after the thaw"

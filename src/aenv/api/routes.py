@@ -13,24 +13,35 @@ from aenv.api.auth import require_api_key
 from aenv.api.convert import detail, iso, listed, sandbox_out
 from aenv.api.schemas import (
     ConnectBody,
+    ErrorOut,
+    ForkBody,
+    ForkEntry,
     ListedSandbox,
     NetworkUpdate,
     NewSandbox,
+    PauseBody,
     RefreshBody,
+    ResumeBody,
     SandboxDetail,
     SandboxMetric,
     SandboxOut,
+    SnapshotBody,
+    SnapshotInfo,
     TimeoutBody,
 )
-from aenv.core.errors import Conflict, InvalidArgument, NotFound, Unimplemented
+from aenv.api.snapshots import snapshot_info, snapshot_page
+from aenv.core.errors import Conflict, InvalidArgument, NotFound
 from aenv.core.ids import is_sandbox_id
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
-from aenv.orchestrator.ops import connect as connect_op
 from aenv.orchestrator.ops import create as create_op
+from aenv.orchestrator.ops import fork as fork_op
 from aenv.orchestrator.ops import kill as kill_op
 from aenv.orchestrator.ops import lifetime, metrics
 from aenv.orchestrator.ops import network as network_op
+from aenv.orchestrator.ops import pause as pause_op
+from aenv.orchestrator.ops import resume as resume_op
+from aenv.orchestrator.ops import snapshot as snapshot_op
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 public = APIRouter()
@@ -67,7 +78,8 @@ async def _create(node: Node, body: NewSandbox) -> SandboxOut:
         timeout_s=timeout,
         metadata=body.metadata or {},
         env_vars=body.env_vars or {},
-        auto_pause=body.auto_pause,
+        auto_pause=node.settings.auto_pause_default if body.auto_pause is None
+        else body.auto_pause,
         auto_resume=bool(body.auto_resume and body.auto_resume.enabled),
         allow_internet_access=body.allow_internet_access,
         network=body.network,
@@ -165,7 +177,11 @@ async def refresh(sandbox_id: str, node: NodeDep, body: RefreshBody | None = Non
 
 
 async def _connect(node: Node, sandbox_id: str, timeout: int | None) -> JSONResponse:
-    record, resumed = await connect_op.connect(node, _checked_id(sandbox_id), timeout)
+    if timeout is not None and timeout > node.settings.max_timeout_s:
+        raise InvalidArgument(
+            f"timeout {timeout}s exceeds the maximum of {node.settings.max_timeout_s}s"
+        )
+    record, resumed = await resume_op.resume(node, _checked_id(sandbox_id), timeout)
     body = sandbox_out(record, node.settings).model_dump()
     return JSONResponse(body, status_code=201 if resumed else 200)
 
@@ -183,11 +199,74 @@ async def connect_v1(sandbox_id: str, body: TimeoutBody, node: NodeDep) -> JSONR
 
 
 @router.post("/sandboxes/{sandbox_id}/resume", status_code=201, response_model=SandboxOut)
-async def resume_v1(sandbox_id: str, node: NodeDep) -> JSONResponse:
+async def resume_v1(
+    sandbox_id: str, node: NodeDep, body: ResumeBody | None = None
+) -> JSONResponse:
     record = await node.store.require(_checked_id(sandbox_id))
     if record.state == SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is already running")
-    return await _connect(node, sandbox_id, None)
+    return await _connect(node, sandbox_id, body.timeout if body else None)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+async def pause_sandbox(
+    sandbox_id: str, node: NodeDep, body: PauseBody | None = None
+) -> Response:
+    await pause_op.pause(node, _checked_id(sandbox_id))
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, response_model=SnapshotInfo)
+async def create_snapshot(
+    sandbox_id: str, node: NodeDep, body: SnapshotBody | None = None
+) -> SnapshotInfo:
+    snapshot = await snapshot_op.create_snapshot(
+        node, _checked_id(sandbox_id), body.name if body else None
+    )
+    return snapshot_info(snapshot)
+
+
+@router.get("/snapshots", response_model=list[SnapshotInfo])
+async def list_snapshots(
+    node: NodeDep,
+    response: Response,
+    sandboxID: str | None = None,
+    name: str | None = None,
+    limit: int | None = None,
+    nextToken: str | None = None,
+) -> list[SnapshotInfo]:
+    found = node.repository.list(sandbox_id=sandboxID or None, name=name or None)
+    page, cursor = snapshot_page(found, limit=listing.parse_limit(limit), token=nextToken)
+    if cursor:
+        response.headers["X-Next-Token"] = cursor
+    return [snapshot_info(s) for s in page]
+
+
+@router.delete("/templates/{template_id:path}", status_code=204)
+async def delete_template(template_id: str, node: NodeDep) -> Response:
+    snapshot = node.repository.find(template_id)
+    if snapshot is None or snapshot.manifest.kind != "snapshot":
+        raise NotFound(f"template '{template_id}' not found")
+    await node.repository.delete(snapshot.snapshot_id)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/fork", status_code=201, response_model=list[ForkEntry],
+             response_model_exclude_none=True)
+async def fork_sandbox(
+    sandbox_id: str, node: NodeDep, body: ForkBody | None = None
+) -> list[ForkEntry]:
+    body = body or ForkBody()
+    if not is_sandbox_id(sandbox_id):
+        gone = ErrorOut(code=404, message=f"sandbox {sandbox_id} not found")
+        return [ForkEntry(error=gone) for _ in range(min(body.count, 100))]
+    results = await fork_op.fork(node, sandbox_id, body.count, body.timeout)
+    return [
+        ForkEntry(sandbox=sandbox_out(r.sandbox, node.settings)) if r.sandbox is not None
+        else ForkEntry(error=ErrorOut(code=r.error.http_status if r.error else 500,
+                                      message=r.error.message if r.error else "unknown"))
+        for r in results
+    ]
 
 
 @router.put("/sandboxes/{sandbox_id}/network", status_code=204)
@@ -197,19 +276,6 @@ async def update_network(sandbox_id: str, body: NetworkUpdate, node: NodeDep) ->
         node, _checked_id(sandbox_id), body.allow_internet_access, config
     )
     return Response(status_code=204)
-
-
-_NEXT = "arrives with memory snapshots (pause/resume, snapshots and fork)"
-
-
-@router.post("/sandboxes/{sandbox_id}/pause")
-@router.post("/sandboxes/{sandbox_id}/snapshots")
-@router.post("/sandboxes/{sandbox_id}/fork")
-async def not_yet(sandbox_id: str, request: Request, node: NodeDep) -> Response:
-    # Unknown sandboxes stay 404 (the SDK maps that), known ones get an honest 501.
-    await node.store.require(_checked_id(sandbox_id))
-    operation = request.url.path.rsplit("/", 1)[-1]
-    raise Unimplemented(f"{operation} is not supported by this node yet: it {_NEXT}")
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics", response_model=list[SandboxMetric])

@@ -21,7 +21,8 @@ class NewSandbox(_In):
 
     template_id: str = Field(alias="templateID", min_length=1, max_length=255)
     timeout: int | None = Field(default=None, ge=0)
-    auto_pause: bool = Field(default=False, alias="autoPause")
+    #: None: the node's ``auto_pause_default``.
+    auto_pause: bool | None = Field(default=None, alias="autoPause")
     auto_pause_memory: bool | None = Field(default=None, alias="autoPauseMemory")
     auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
     # E2B's one snake_case key.
@@ -57,6 +58,24 @@ class RefreshBody(_In):
 class ResumeBody(_In):
     timeout: int | None = Field(default=None, ge=0)
     auto_pause: bool | None = Field(default=None, alias="autoPause")
+
+
+class PauseBody(_In):
+    #: false = filesystem only. aenv's writable layer lives in sandbox memory, so a pause
+    #: always keeps memory and files together; accepted for compatibility.
+    memory: bool | None = None
+    require_healthy_guest: bool | None = Field(default=None, alias="requireHealthyGuest")
+
+
+class SnapshotBody(_In):
+    name: str | None = Field(default=None, min_length=1, max_length=128,
+                             pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
+    memory: bool | None = None
+
+
+class ForkBody(_In):
+    count: int = Field(default=1, ge=1)
+    timeout: int | None = Field(default=None, ge=0)
 
 
 class SandboxOut(BaseModel):
@@ -110,3 +129,18 @@ class SandboxMetric(BaseModel):
     memCache: int
     diskUsed: int
     diskTotal: int
+
+
+class SnapshotInfo(BaseModel):
+    snapshotID: str
+    names: list[str]
+
+
+class ErrorOut(BaseModel):
+    code: int
+    message: str
+
+
+class ForkEntry(BaseModel):
+    sandbox: SandboxOut | None = None
+    error: ErrorOut | None = None

@@ -35,3 +35,11 @@ def new_api_key() -> str:
 
 def new_client_id() -> str:
     return "".join(secrets.choice(_ALPHABET) for _ in range(8))
+
+
+#: Snapshot ids: a recognisable prefix plus 16 random characters (E2B ids are opaque strings).
+SNAPSHOT_ID_PREFIX = "snap"
+
+
+def new_snapshot_id() -> str:
+    return SNAPSHOT_ID_PREFIX + "".join(secrets.choice(_ALPHABET) for _ in range(16))

@@ -73,6 +73,24 @@ class Settings(BaseSettings):
     """Booted sandboxes of the default template kept ready, so a create only initialises one
     (milliseconds instead of a boot). Each costs an idle sandbox's memory; 0 disables."""
 
+    auto_pause_default: bool = True
+    """What a sandbox does at the end of its lifetime when the create request does not say
+    (``autoPause``): pause (true; ARCHITECTURE §1) or be killed (false; E2B's own default)."""
+
+    pause_hot_s: float = Field(default=10.0, ge=0)
+    """A paused sandbox stays frozen in memory this long (resume in milliseconds) before its
+    memory is written to disk and freed. 0 writes it at once."""
+
+    max_hot_paused: int = Field(default=8, ge=0)
+    """At most this many sandboxes stay frozen in memory; older ones are written out first."""
+
+    max_fork_count: int = Field(default=100, ge=1, le=1000)
+    """Most children one fork request may ask for."""
+
+    transition_wait_s: float = Field(default=30.0, gt=0)
+    """How long a resume or connect waits for another operation on the same sandbox (a pause
+    being written to disk, a snapshot) before answering 409."""
+
     net_first_index: int = Field(default=1, ge=1, le=65_000)
     """First network slot index this node may use (slots are named ``aenv-<index>``; give
     nodes sharing a machine disjoint ranges)."""

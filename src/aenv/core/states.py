@@ -48,7 +48,12 @@ TRANSITIONS: dict[tuple[SandboxState, SandboxState], str] = {
     (S.SNAPSHOTTING, S.RUNNING): "snapshot committed (or failed); the source runs on",
     (S.RUNNING, S.FORKING): "fork requested",
     (S.FORKING, S.RUNNING): "children started (or failed); the source runs on",
+    (S.PAUSED, S.PAUSING): "a frozen sandbox's memory is written to disk",
     (S.KILLING, S.KILLING): "a kill retried after a crash",
+    (S.PAUSING, S.KILLING): "found dead after a restart, with no memory image to resume",
+    (S.RESUMING, S.KILLING): "found dead after a restart, with no memory image to resume",
+    (S.SNAPSHOTTING, S.KILLING): "found dead after a restart",
+    (S.FORKING, S.KILLING): "found dead after a restart",
 }
 
 

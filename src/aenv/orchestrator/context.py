@@ -10,8 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from aenv.core.settings import Settings
-from aenv.orchestrator.deps import GuestConnector, RootfsManager, SlotPool, TemplateCatalog
+from aenv.orchestrator.deps import (
+    GuestConnector,
+    RootfsManager,
+    SlotPool,
+    Template,
+    TemplateCatalog,
+)
 from aenv.runtime.base import Runtime
+from aenv.storage.repository import SnapshotRepository
 from aenv.store.sqlite import Store
 
 if TYPE_CHECKING:
@@ -19,7 +26,13 @@ if TYPE_CHECKING:
 
 
 class WarmSource(Protocol):
-    def take(self, template_id: str) -> Booted | None: ...
+    def take(self, template: Template) -> Booted | None: ...
+
+
+class SpillScheduler(Protocol):
+    def schedule(self, sandbox_id: str) -> None: ...
+
+    def cancel(self, sandbox_id: str) -> None: ...
 
 
 class StreamRegistry:
@@ -58,7 +71,13 @@ class Node:
     templates: TemplateCatalog
     guests: GuestConnector
     envd_bundle: Path
+    #: Committed snapshots (and template images): ``storage.repository.SnapshotRepository``.
+    repository: SnapshotRepository
+    #: Memory images of sandboxes paused to disk, ``<paused_dir>/<sandbox_id>``.
+    paused_dir: Path
     streams: StreamRegistry = field(default_factory=StreamRegistry)
     #: Booted sandboxes of the default template waiting to be claimed (None: no pool).
     warm: WarmSource | None = None
+    #: Writes frozen (hot-paused) sandboxes to disk in the background (None: at once, inline).
+    spiller: SpillScheduler | None = None
     clock: Callable[[], float] = time.time

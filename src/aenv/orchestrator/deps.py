@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -27,6 +27,19 @@ class Template:
     memory_mb: int | None = None
     default_user: str = "user"
     default_workdir: str = "/home/user"
+    #: A memory image (runsc checkpoint directory): sandboxes of this template are *restored*
+    #: from it instead of booted. None: cold boot from the layers.
+    image: Path | None = None
+    #: The envd bundle the image was made with (a restore must mount the same one).
+    envd_bundle: Path | None = None
+    #: The access token the image's envd already holds (None: never initialised), needed to
+    #: hand a restored sandbox its own token.
+    envd_token: str | None = None
+    #: Environment variables the image's envd already has (kept unless overridden).
+    env_vars: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    #: Set for snapshots: the snapshot id (templates built in: None).
+    snapshot_id: str | None = None
 
 
 class TemplateCatalog(Protocol):
@@ -54,6 +67,10 @@ class RootfsManager(Protocol):
 
     def sandbox_ids(self) -> list[str]:
         """Every sandbox that has a root filesystem (mounted or not) on this node."""
+        ...
+
+    def recorded_lowers(self, sandbox_id: str) -> list[Path] | None:
+        """The read-only layers the sandbox's rootfs was assembled from (lowest first)."""
         ...
 
     async def ensure_mounted(self, sandbox_id: str) -> Path:

@@ -46,8 +46,11 @@ class EnvdClient:
         raise Unavailable(f"envd did not become ready within {timeout:.0f}s ({last})")
 
     async def init(
-        self, *, token: str, env_vars: dict[str, str], user: str, workdir: str
+        self, *, token: str, env_vars: dict[str, str], user: str, workdir: str,
+        current_token: str | None = None,
     ) -> None:
+        """Hand envd its identity. ``current_token``: the token envd already holds (a sandbox
+        restored from another one's memory), which authorises the change."""
         response = await self._http.post(
             "/init",
             json={
@@ -56,7 +59,7 @@ class EnvdClient:
                 "defaultUser": user,
                 "defaultWorkdir": workdir,
             },
-            headers={"X-Access-Token": token},
+            headers={"X-Access-Token": current_token or token},
         )
         if response.status_code != 204:
             raise Unavailable(f"envd /init failed: {response.status_code} {response.text}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from aenv.network.base import NetSlot
@@ -17,12 +18,31 @@ def slot_from_json(data: dict[str, Any]) -> NetSlot:
     return NetSlot(**data)
 
 
-def instance_json(slot: NetSlot, instance: Instance | None) -> dict[str, Any]:
+def instance_json(
+    slot: NetSlot, instance: Instance | None, *, envd_bundle: Path | None = None
+) -> dict[str, Any]:
     data: dict[str, Any] = {"slot": slot_to_json(slot)}
     if instance is not None:
         data["runtime_id"] = instance.runtime_id
         data["pid"] = instance.pid
+    if envd_bundle is not None:
+        data["envd_bundle"] = str(envd_bundle)
     return data
+
+
+def frozen(data: dict[str, Any] | None) -> bool:
+    """Paused in memory (runtime frozen, slot held), not yet written to disk."""
+    return bool(data and data.get("frozen"))
+
+
+def paused_image(data: dict[str, Any] | None) -> Path | None:
+    """The memory image of a sandbox paused to disk (no runtime, no slot)."""
+    return Path(data["image"]) if data and data.get("image") else None
+
+
+def envd_bundle_of(data: dict[str, Any] | None, default: Path) -> Path:
+    """The envd bundle the sandbox runs (a restore must mount the same one)."""
+    return Path(data["envd_bundle"]) if data and data.get("envd_bundle") else default
 
 
 def decode(data: dict[str, Any] | None, sandbox_id: str) -> tuple[NetSlot | None, Instance | None]:

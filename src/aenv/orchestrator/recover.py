@@ -1,81 +1,248 @@
 """Crash recovery: make the store and the machine agree again after a restart.
 
-Two phases (STYLE §14): *observe* what the runtime has, then *plan* with a pure function, then
-*apply*. A record whose sandbox is alive is re-attached; a half-created or half-killed sandbox
-is torn down; a runtime sandbox no record knows is destroyed.
+Three phases (STYLE §14): *observe* what the runtime and the disk have, *plan* with a pure
+function, then *apply*. The rule: every sandbox ends up ``running`` or ``paused`` if anything
+of it survives (a live runtime, or a complete memory image), and is torn down otherwise.
+
+- running / snapshotting / forking, runtime alive: running (thawed if frozen).
+- paused and frozen, alive: paused and frozen; its spill is scheduled again.
+- paused on disk: paused (the image is kept).
+- pausing, alive and frozen (or flagged): paused and frozen; alive and running: running
+  (the pause never answered); dead with a complete image: paused on disk.
+- resuming by thaw, alive: running; from disk with the image still there: paused (the
+  restore's runtime is torn down).
+- creating, killing, and anything with neither a runtime nor an image: torn down.
+
+A runtime sandbox no record knows (a warm one, a create that never got its record) is
+destroyed; a memory image no paused record names is deleted.
 """
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import logging
+import os
+import shutil
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_from
-from aenv.orchestrator.instance_codec import decode
+from aenv.orchestrator.instance_codec import decode, frozen, paused_image
+from aenv.orchestrator.ops.pause import image_dir
 from aenv.orchestrator.ops.teardown import teardown
-from aenv.runtime.base import Instance, Observed
+from aenv.runtime.base import IMAGE_FILES, Instance, Observed
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.recover")
 
+S = SandboxState
+#: How long recovery waits for a save a crash interrupted to finish (a save takes < 1 s for
+#: a small sandbox, seconds for a large one).
+SAVE_WAIT_S = 60.0
+
+
+class Action(enum.Enum):
+    RUNNING = "running"            # re-attach as running (thaw if frozen)
+    FROZEN = "frozen"              # re-attach as paused in memory
+    ON_DISK = "on-disk"            # paused, memory image on disk; nothing runs
+    BACK_TO_DISK = "back-to-disk"  # a resume from disk never finished: drop its runtime
+    TEARDOWN = "teardown"
+
 
 @dataclass
 class Plan:
-    reattach: list[SandboxRecord] = field(default_factory=list)
-    teardown: list[SandboxRecord] = field(default_factory=list)
+    actions: dict[str, Action] = field(default_factory=dict)
     orphans: list[Observed] = field(default_factory=list)
 
+    def of(self, action: Action) -> list[str]:
+        return [sid for sid, a in self.actions.items() if a == action]
 
-def plan(records: list[SandboxRecord], observed: list[Observed]) -> Plan:
-    alive = {o.sandbox_id: o for o in observed if o.status in ("running", "created", "paused")}
+    @property
+    def reattach(self) -> list[str]:
+        return self.of(Action.RUNNING) + self.of(Action.FROZEN)
+
+    @property
+    def teardown(self) -> list[str]:
+        return self.of(Action.TEARDOWN)
+
+
+def decide(record: SandboxRecord, observed: Observed | None, image_complete: bool) -> Action:
+    """The one rule table (see the module docstring); pure."""
+    alive = observed is not None and observed.status in ("running", "created", "paused")
+    state = record.state
+    if state in (S.RUNNING, S.SNAPSHOTTING, S.FORKING):
+        return Action.RUNNING if alive else Action.TEARDOWN
+    if state == S.PAUSED:
+        if frozen(record.instance):
+            return Action.FROZEN if alive else Action.TEARDOWN
+        return Action.ON_DISK if image_complete else Action.TEARDOWN
+    if state == S.PAUSING:
+        if alive:
+            flagged = frozen(record.instance) or (observed is not None
+                                                  and observed.status == "paused")
+            return Action.FROZEN if flagged else Action.RUNNING
+        return Action.ON_DISK if image_complete else Action.TEARDOWN
+    if state == S.RESUMING:
+        if frozen(record.instance):
+            return Action.RUNNING if alive else Action.TEARDOWN
+        return Action.BACK_TO_DISK if image_complete else (
+            Action.RUNNING if alive else Action.TEARDOWN)
+    return Action.TEARDOWN
+
+
+def plan(records: list[SandboxRecord], observed: list[Observed],
+         complete_images: set[str]) -> Plan:
+    by_id = {o.sandbox_id: o for o in observed}
     result = Plan()
-    known = set()
     for record in records:
-        known.add(record.sandbox_id)
-        if record.state == SandboxState.RUNNING and record.sandbox_id in alive:
-            result.reattach.append(record)
-        elif record.state == SandboxState.PAUSED:
-            continue  # nothing runs; its state is on disk
-        else:
-            result.teardown.append(record)
+        result.actions[record.sandbox_id] = decide(
+            record, by_id.get(record.sandbox_id), record.sandbox_id in complete_images
+        )
+    known = {r.sandbox_id for r in records}
     result.orphans = [o for o in observed if o.sandbox_id not in known]
     return result
+
+
+def _complete(path: Path) -> bool:
+    return all((path / name).is_file() and (path / name).stat().st_size > 0
+               for name in IMAGE_FILES[:2]) and (path / IMAGE_FILES[2]).is_file()
+
+
+def find_images(node: Node, records: list[SandboxRecord]) -> set[str]:
+    """Sandboxes with a complete memory image on disk. A ``.partial`` image of a sandbox
+    whose checkpoint finished (runsc wrote every file and the sandbox exited) but whose
+    rename did not happen is completed here."""
+    found = set()
+    for record in records:
+        final = paused_image(record.instance) or image_dir(node, record.sandbox_id)
+        partial = final.with_name(final.name + ".partial")
+        if not final.exists() and partial.exists() and _complete(partial):
+            partial.rename(final)
+        if final.exists() and _complete(final):
+            found.add(record.sandbox_id)
+    return found
+
+
+async def _finish_saves(node: Node, records: list[SandboxRecord],
+                        observed: list[Observed]) -> bool:
+    """A spill cut short by a crash goes on inside the sandbox (the save is the sentry's own
+    work): wait until such sandboxes exit, so their image is judged complete, not half
+    written. True if any was waited for."""
+    alive = {o.sandbox_id: o.pid for o in observed if o.pid is not None
+             and o.status in ("running", "paused")}
+    waits = []
+    for record in records:
+        if record.state != S.PAUSING or record.sandbox_id not in alive:
+            continue
+        partial = image_dir(node, record.sandbox_id).with_name(record.sandbox_id + ".partial")
+        if (partial / IMAGE_FILES[0]).exists():
+            waits.append(alive[record.sandbox_id])
+    waited = bool(waits)
+    deadline = time.monotonic() + SAVE_WAIT_S
+    while waits and time.monotonic() < deadline:
+        waits = [pid for pid in waits if _pid_alive(pid)]
+        await asyncio.sleep(0.05)
+    return waited
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 async def recover(node: Node) -> Plan:
     records = await node.store.list()
     observed = await node.runtime.observe()
-    todo = plan(records, observed)
-    for record in todo.reattach:
-        slot, _ = decode(record.instance, record.sandbox_id)
-        if slot is not None:
-            await node.pool.adopt(slot, policy_from(record.allow_internet_access, record.network))
-        await node.rootfs.ensure_mounted(record.sandbox_id)
-        log.info("re-attached sandbox %s", record.sandbox_id)
-    for record in todo.teardown:
-        log.info("tearing down sandbox %s left %s by a previous run", record.sandbox_id,
-                 record.state)
+    if await _finish_saves(node, records, observed):
+        observed = await node.runtime.observe()
+    todo = plan(records, observed, find_images(node, records))
+    by_id = {r.sandbox_id: r for r in records}
+    live = {o.sandbox_id: o for o in observed}
+    for sandbox_id, action in todo.actions.items():
+        record = by_id[sandbox_id]
         try:
-            if record.state != SandboxState.KILLING:
-                record = await node.store.update(record, state=SandboxState.KILLING)
-            await teardown(node, record)
-            await node.store.delete(record)
+            await _apply(node, record, action, live.get(sandbox_id))
         except Exception:
-            log.exception("could not tear down %s", record.sandbox_id)
-    known = {r.sandbox_id for r in todo.reattach}
-    for sandbox_id in node.rootfs.sandbox_ids():
-        if sandbox_id not in known and await node.store.get(sandbox_id) is None:
-            # A warm sandbox or a create that never got its record: nothing refers to it.
-            orphan_instance = next((o for o in todo.orphans if o.sandbox_id == sandbox_id), None)
-            if orphan_instance is not None:
-                await node.runtime.destroy(
-                    Instance(sandbox_id, orphan_instance.runtime_id, orphan_instance.pid, None)
-                )
-            await node.rootfs.disassemble(sandbox_id, keep_upper=False)
+            log.exception("could not recover %s (%s)", sandbox_id, action.value)
     for orphan in todo.orphans:
         log.info("destroying orphan runtime sandbox %s", orphan.runtime_id)
-        slot_less = Instance(orphan.sandbox_id, orphan.runtime_id, orphan.pid, None)
-        await node.runtime.destroy(slot_less)
+        await node.runtime.destroy(Instance(orphan.sandbox_id, orphan.runtime_id, orphan.pid,
+                                            None))
+    kept = {sid for sid, a in todo.actions.items() if a != Action.TEARDOWN}
+    for sandbox_id in node.rootfs.sandbox_ids():
+        if sandbox_id not in kept:
+            # A warm sandbox, a create that never got its record, a torn-down one.
+            await node.rootfs.disassemble(sandbox_id, keep_upper=False)
+    _remove_stray_images(node, set(todo.of(Action.ON_DISK)) | set(todo.of(Action.BACK_TO_DISK)))
     return todo
+
+
+async def _apply(node: Node, record: SandboxRecord, action: Action,
+                 observed: Observed | None) -> None:
+    sid = record.sandbox_id
+    slot, instance = decode(record.instance, sid)
+    if action == Action.TEARDOWN:
+        log.info("tearing down sandbox %s left %s by a previous run", sid, record.state)
+        if record.state != S.KILLING:
+            record = await node.store.update(record, state=S.KILLING)
+        await teardown(node, record)
+        await node.store.delete(record)
+        return
+    if action in (Action.RUNNING, Action.FROZEN):
+        if instance is None and observed is not None and slot is not None:
+            instance = Instance(sid, observed.runtime_id, observed.pid, slot)
+        if slot is not None:
+            await node.pool.adopt(slot, policy_from(record.allow_internet_access,
+                                                    record.network))
+        await node.rootfs.ensure_mounted(sid)
+        data = dict(record.instance or {})
+        if instance is not None:
+            data.update(runtime_id=instance.runtime_id, pid=instance.pid)
+        data.pop("image", None)
+        if action == Action.RUNNING:
+            if observed is not None and observed.status == "paused" and instance is not None:
+                await node.runtime.thaw(instance)
+            data.pop("frozen", None)
+            if record.state != S.RUNNING or data != (record.instance or {}):
+                await node.store.update(record, state=S.RUNNING, instance=data)
+        else:
+            if observed is not None and observed.status != "paused" and instance is not None:
+                await node.runtime.freeze(instance)
+            data["frozen"] = True
+            if record.state != S.PAUSED or data != (record.instance or {}):
+                await node.store.update(record, state=S.PAUSED, instance=data)
+            if node.spiller is not None:
+                node.spiller.schedule(sid)
+        log.info("re-attached sandbox %s (%s)", sid, action.value)
+        return
+    # ON_DISK / BACK_TO_DISK: nothing may run; the image is the sandbox.
+    if instance is not None or observed is not None:
+        runtime_id = instance.runtime_id if instance else observed.runtime_id  # type: ignore[union-attr]
+        await node.runtime.destroy(Instance(sid, runtime_id, None, None))
+    if slot is not None:
+        await node.pool.release(slot)
+    await node.rootfs.ensure_mounted(sid)
+    data = {k: v for k, v in (record.instance or {}).items() if k == "envd_bundle"}
+    data["image"] = str(paused_image(record.instance) or image_dir(node, sid))
+    if record.state != S.PAUSED or data != (record.instance or {}):
+        await node.store.update(record, state=S.PAUSED, instance=data)
+    log.info("sandbox %s is paused on disk", sid)
+
+
+def _remove_stray_images(node: Node, keep: set[str]) -> None:
+    if not node.paused_dir.is_dir():
+        return
+    for entry in node.paused_dir.iterdir():
+        sandbox_id = entry.name.removesuffix(".partial")
+        if sandbox_id not in keep or entry.name.endswith(".partial"):
+            log.info("removing stray memory image %s", entry)
+            shutil.rmtree(entry, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""The TTL loop: sandboxes past their end time are killed (auto-pause arrives with pause).
+"""The TTL loop: sandboxes past their end time are paused (created with ``autoPause``) or
+killed.
 
 Runs as one supervised task of the server; each expiry is handled independently, so one slow
 teardown does not hold the others.
@@ -13,15 +14,20 @@ import logging
 from aenv.core.errors import AenvError
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops.kill import kill
+from aenv.orchestrator.ops.pause import pause
 
 log = logging.getLogger("aenv.orchestrator.ttl")
 
 
 async def expire_once(node: Node) -> list[str]:
-    """Kill every running sandbox whose end time has passed; returns their ids."""
+    """Pause or kill every running sandbox whose end time has passed; returns their ids."""
     expired = await node.store.expired(node.clock())
     ids = [r.sandbox_id for r in expired]
-    results = await asyncio.gather(*(kill(node, i) for i in ids), return_exceptions=True)
+    results = await asyncio.gather(
+        *((pause(node, r.sandbox_id) if r.auto_pause else kill(node, r.sandbox_id))
+          for r in expired),
+        return_exceptions=True,
+    )
     for sandbox_id, result in zip(ids, results, strict=True):
         if isinstance(result, AenvError):
             log.info("expiry of %s deferred: %s", sandbox_id, result.message)

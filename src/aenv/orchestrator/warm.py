@@ -41,9 +41,10 @@ class WarmPool:
         if self.size > 0 and self._task is None:
             self._task = asyncio.create_task(self._fill(), name="warm-pool")
 
-    def take(self, template_id: str) -> Booted | None:
-        """A ready sandbox of ``template_id``, or ``None`` (then the caller boots cold)."""
-        if template_id != self.template.template_id or not self._ready:
+    def take(self, template: Template) -> Booted | None:
+        """A ready sandbox of exactly ``template`` (same layers and memory image), or ``None``
+        (then the caller starts one itself)."""
+        if template != self.template or not self._ready:
             return None
         booted = self._ready.popleft()
         self._wake.set()

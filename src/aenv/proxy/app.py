@@ -8,12 +8,15 @@ import logging
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from aenv.core.errors import AenvError
 from aenv.core.ids import is_sandbox_id
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode
+from aenv.orchestrator.ops.resume import resume
 from aenv.proxy import errors, forward, websocket
 from aenv.proxy.routing import Target
+from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.proxy")
 
@@ -21,17 +24,19 @@ log = logging.getLogger("aenv.proxy")
 class Proxy:
     def __init__(self, node: Node) -> None:
         self.node = node
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        #: sandbox id → (the guest transport it was made for, client). A pause, snapshot or
+        #: resume replaces the sandbox's transport (new slot, reset connections).
+        self._clients: dict[str, tuple[object, httpx.AsyncClient]] = {}
 
     async def aclose(self) -> None:
-        for client in self._clients.values():
+        for _, client in self._clients.values():
             await client.aclose()
         self._clients.clear()
 
     def drop(self, sandbox_id: str) -> None:
-        client = self._clients.pop(sandbox_id, None)
-        if client is not None:
-            asyncio.get_running_loop().create_task(client.aclose())
+        entry = self._clients.pop(sandbox_id, None)
+        if entry is not None:
+            asyncio.get_running_loop().create_task(entry[1].aclose())
 
     async def _prune(self) -> None:
         """Close clients of sandboxes that are gone (a kill needs no request to clean up)."""
@@ -39,10 +44,23 @@ class Proxy:
             if await self.node.store.get(sandbox_id) is None:
                 self.drop(sandbox_id)
 
+    async def _auto_resume(self, sandbox_id: str) -> SandboxRecord | None:
+        """Resume a paused sandbox created with ``autoResume`` because traffic arrived; None
+        (→ 502) if it cannot be."""
+        try:
+            record, _ = await resume(self.node, sandbox_id, None)
+        except AenvError as exc:
+            log.warning("auto-resume of %s failed: %s", sandbox_id, exc.message)
+            return None
+        return record
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
         record = None
         if is_sandbox_id(target.sandbox_id):
             record = await self.node.store.get(target.sandbox_id)
+        if (record is not None and record.auto_resume
+                and record.state in (SandboxState.PAUSED, SandboxState.PAUSING)):
+            record = await self._auto_resume(record.sandbox_id)
         if record is None or record.state != SandboxState.RUNNING:
             if record is None:
                 self.drop(target.sandbox_id)
@@ -62,13 +80,18 @@ class Proxy:
                 await websocket.relay(scope, receive, send, sock=sock, host=slot.guest_ip,
                                       port=target.port)
                 return
-            client = self._clients.get(record.sandbox_id)
-            if client is None:
-                await self._prune()
-                client = httpx.AsyncClient(
-                    transport=self.node.guests.transport(slot), timeout=forward.UPSTREAM_TIMEOUT
-                )
-                self._clients[record.sandbox_id] = client
+            transport = self.node.guests.transport(slot)
+            entry = self._clients.get(record.sandbox_id)
+            if entry is None or entry[0] is not transport:
+                if entry is None:
+                    await self._prune()
+                else:
+                    self.drop(record.sandbox_id)
+                client = httpx.AsyncClient(transport=transport,
+                                           timeout=forward.UPSTREAM_TIMEOUT)
+                self._clients[record.sandbox_id] = (transport, client)
+            else:
+                client = entry[1]
             await forward.forward(
                 scope, receive, send, client=client, sandbox_id=record.sandbox_id,
                 host=slot.guest_ip, port=target.port,

@@ -6,18 +6,37 @@ tests exercise real rules. It passes the same contract suite as ``GvisorRuntime`
 (``tests/runtime/test_contract.py``). Nothing listens on the guest's envd port: tests that need
 envd answering use the real driver.
 
-Test hooks, never called by product code: ``crash`` (the sandbox's processes die, as after an
-OOM of the sentry), ``fail_next_boot`` and ``boot_delay_s``.
+Each sandbox has a "memory": a small dict standing for its guest state (processes, files of
+the in-memory root layer). Tests write it with ``remember`` and read it with ``recall``. A
+checkpoint writes the three ``IMAGE_FILES`` for real (JSON: the shape in ``checkpoint.img``,
+the memory in ``pages.img``, its index in ``pages_meta.img``), and a restore reads them back, so
+a restored sandbox demonstrably carries its parent's state and a torn image fails as it would.
 
-Owns: its dict. Must not touch: anything on the machine.
+Statuses follow runsc's: ``running``; ``paused`` after ``freeze``; ``stopped`` after a
+checkpoint without ``leave_running`` or a ``crash``. ``thaw`` of a sandbox that is not frozen is
+refused (the real control socket kills the sandbox then). Where runsc differs: its state file
+says ``running`` until an exited sandbox is reaped (~1-2 s), the fake says ``stopped`` at once;
+and a *frozen* sandbox checkpointed without ``leave_running`` stays ``paused`` under runsc (its
+sentry lives on, and exits at thaw or destroy), while the fake reports it ``stopped``.
+
+Test hooks, never called by product code: ``crash`` (the sandbox's processes die, as after an
+OOM of the sentry), ``remember``/``recall``, ``fail_next_boot``, ``fail_next_restore``,
+``fail_next_checkpoint``, ``boot_delay_s`` and ``restore_delay_s``.
+
+Owns: its dict, and the image directories its checkpoints write. Must not touch: anything else
+on the machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from aenv.core.errors import (
     AenvError,
@@ -25,13 +44,25 @@ from aenv.core.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    RuntimeFailure,
 )
 from aenv.core.ids import is_sandbox_id
 from aenv.network.base import NetSlot
-from aenv.runtime.base import Instance, Observed, SandboxSpec, Stats
+from aenv.runtime.base import (
+    IMAGE_FILES,
+    Instance,
+    MemoryImage,
+    Observed,
+    SandboxSpec,
+    Stats,
+)
 
 #: What an idle gVisor sandbox with envd uses (measured: ~45 MB in its memory cgroup).
 IDLE_MEMORY = 45 * 1024 * 1024
+#: Written into every fake image; a restore refuses anything else (e.g. a real runsc image).
+IMAGE_FORMAT = "aenv-fake-image/1"
+
+_STATE, _PAGES_META, _PAGES = IMAGE_FILES
 
 
 @dataclass
@@ -41,6 +72,8 @@ class _Sandbox:
     pid: int
     status: str = "running"
     booted: float = field(default_factory=time.monotonic)
+    #: The guest's state; what a checkpoint saves and a restore brings back.
+    memory: dict[str, str] = field(default_factory=dict)
 
 
 class FakeRuntime:
@@ -52,32 +85,90 @@ class FakeRuntime:
         self._sandboxes: dict[str, _Sandbox] = {}
         self._pids = itertools.count(100_000)
         self._fail_next: AenvError | None = None
+        self._fail_next_restore: AenvError | None = None
+        self._fail_next_checkpoint: AenvError | None = None
         #: Seconds every boot takes (to test timeouts and concurrency).
         self.boot_delay_s = 0.0
+        #: Seconds every restore takes.
+        self.restore_delay_s = 0.0
 
     async def boot(self, spec: SandboxSpec, net: NetSlot) -> Instance:
         """Same contract as ``GvisorRuntime.boot``, minus the processes."""
-        sid = spec.sandbox_id
-        if not is_sandbox_id(sid):
-            raise InvalidArgument(f"{sid!r} is not a sandbox id (20 characters a-z0-9)")
-        if not spec.rootfs.is_dir():
-            raise FailedPrecondition(f"rootfs {spec.rootfs} of sandbox {sid} is not a directory")
-        if spec.cpu_count < 1 or spec.memory_mb < 16:
-            raise InvalidArgument("a sandbox needs at least 1 CPU and 16 MiB of memory")
-        current = self._sandboxes.get(sid)
-        if current is not None and current.status != "stopped":
-            raise AlreadyExists(f"sandbox {sid} already runs here ({current.status})")
-        for other_id, other in self._sandboxes.items():
-            if other.net.index == net.index and other.status != "stopped" and other_id != sid:
-                raise FailedPrecondition(f"slot {net.index} is used by sandbox {other_id}")
+        self._check_start(spec, net)
         if self.boot_delay_s:
             await asyncio.sleep(self.boot_delay_s)
         if self._fail_next is not None:
             exc, self._fail_next = self._fail_next, None
             raise exc
-        sandbox = _Sandbox(spec=spec, net=net, pid=next(self._pids))
-        self._sandboxes[sid] = sandbox
-        return Instance(sandbox_id=sid, runtime_id=sid, pid=sandbox.pid, net=net)
+        return self._start(spec, net, {})
+
+    async def restore(self, image: MemoryImage, spec: SandboxSpec, net: NetSlot) -> Instance:
+        """Same contract as ``GvisorRuntime.restore``: ``spec.sandbox_id`` runs in ``net`` with
+        the memory saved in ``image``.
+
+        Prerequisites: as ``boot``; ``image`` is a complete fake image (``FailedPrecondition``
+        otherwise; ``RuntimeFailure`` for files that are no fake image); ``spec`` has the saved
+        sandbox's CPU count and memory size (``FailedPrecondition`` otherwise).
+        On failure: nothing of the sandbox exists.
+        """
+        self._check_start(spec, net)
+        memory = _read_image(image, spec)
+        if self.restore_delay_s:
+            await asyncio.sleep(self.restore_delay_s)
+        if self._fail_next_restore is not None:
+            exc, self._fail_next_restore = self._fail_next_restore, None
+            raise exc
+        return self._start(spec, net, memory)
+
+    async def checkpoint(self, instance: Instance, dest: Path, *, leave_running: bool
+                         ) -> MemoryImage:
+        """Save the sandbox's shape and memory into the new directory ``dest``.
+
+        Prerequisites: ``dest`` does not exist (``FailedPrecondition``); the sandbox is alive,
+        running or frozen (``NotFound`` otherwise).
+        On success: ``dest`` holds a complete image; without ``leave_running`` the sandbox is
+        ``stopped``, otherwise its status is unchanged (a frozen one stays frozen).
+        On failure: ``dest`` does not exist, the sandbox is as before.
+        """
+        if dest.exists():
+            raise FailedPrecondition(f"checkpoint destination {dest} exists already")
+        sandbox = self._alive(instance.runtime_id)
+        shape = _shape(sandbox.spec)
+        dest.mkdir(parents=True)
+        try:
+            (dest / _STATE).write_text(json.dumps(
+                {"format": IMAGE_FORMAT, "sandbox_id": instance.sandbox_id, **shape}))
+            (dest / _PAGES_META).write_text(json.dumps({"keys": sorted(sandbox.memory)}))
+            (dest / _PAGES).write_text(json.dumps(sandbox.memory, sort_keys=True))
+            if self._fail_next_checkpoint is not None:
+                exc, self._fail_next_checkpoint = self._fail_next_checkpoint, None
+                raise exc
+            image = MemoryImage.at(dest)
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        if not leave_running:
+            sandbox.status = "stopped"
+        return image
+
+    async def freeze(self, instance: Instance) -> None:
+        """Stop the sandbox's tasks: ``paused``. Refuses a frozen one (``FailedPrecondition``)
+        and a dead or unknown one (``NotFound``)."""
+        sandbox = self._alive(instance.runtime_id)
+        if sandbox.status != "running":
+            raise FailedPrecondition(f"sandbox {instance.sandbox_id} is {sandbox.status}, "
+                                     "not running: cannot freeze it")
+        sandbox.status = "paused"
+
+    async def thaw(self, instance: Instance) -> None:
+        """Continue a frozen sandbox: ``running``. Refuses one that is not frozen
+        (``FailedPrecondition``: the real control socket would kill it) and a dead or
+        unknown one (``NotFound``)."""
+        sandbox = self._alive(instance.runtime_id)
+        if sandbox.status != "paused":
+            raise FailedPrecondition(f"sandbox {instance.sandbox_id} is {sandbox.status}, "
+                                     "not paused: thawing it would kill it")
+        sandbox.status = "running"
 
     async def destroy(self, instance: Instance) -> None:
         """Forget the sandbox. Idempotent."""
@@ -109,12 +200,102 @@ class FakeRuntime:
             disk_total=0,
         )
 
+    # ---------------------------------------------------------------- internals
+
+    def _check_start(self, spec: SandboxSpec, net: NetSlot) -> None:
+        """What boot and restore refuse before anything starts."""
+        sid = spec.sandbox_id
+        if not is_sandbox_id(sid):
+            raise InvalidArgument(f"{sid!r} is not a sandbox id (20 characters a-z0-9)")
+        if not spec.rootfs.is_dir():
+            raise FailedPrecondition(f"rootfs {spec.rootfs} of sandbox {sid} is not a directory")
+        if spec.cpu_count < 1 or spec.memory_mb < 16:
+            raise InvalidArgument("a sandbox needs at least 1 CPU and 16 MiB of memory")
+        current = self._sandboxes.get(sid)
+        if current is not None and current.status != "stopped":
+            raise AlreadyExists(f"sandbox {sid} already runs here ({current.status})")
+        for other_id, other in self._sandboxes.items():
+            if other.net.index == net.index and other.status != "stopped" and other_id != sid:
+                raise FailedPrecondition(f"slot {net.index} is used by sandbox {other_id}")
+
+    def _start(self, spec: SandboxSpec, net: NetSlot, memory: dict[str, str]) -> Instance:
+        sandbox = _Sandbox(spec=spec, net=net, pid=next(self._pids), memory=memory)
+        self._sandboxes[spec.sandbox_id] = sandbox
+        return Instance(sandbox_id=spec.sandbox_id, runtime_id=spec.sandbox_id,
+                        pid=sandbox.pid, net=net)
+
+    def _alive(self, runtime_id: str) -> _Sandbox:
+        """The running or frozen sandbox ``runtime_id``; ``NotFound`` if unknown or dead."""
+        sandbox = self._sandboxes.get(runtime_id)
+        if sandbox is None or sandbox.status == "stopped":
+            raise NotFound(f"sandbox {runtime_id} is not running")
+        return sandbox
+
     # ---------------------------------------------------------------- test hooks
 
     def crash(self, sandbox_id: str) -> None:
         """Make the sandbox's processes die (observe() then says ``stopped``)."""
         self._sandboxes[sandbox_id].status = "stopped"
 
+    def remember(self, sandbox_id: str, key: str, value: str) -> None:
+        """Change the guest's state, as a process inside would; a frozen guest cannot."""
+        sandbox = self._alive(sandbox_id)
+        if sandbox.status != "running":
+            raise FailedPrecondition(f"sandbox {sandbox_id} is {sandbox.status}")
+        sandbox.memory[key] = value
+
+    def recall(self, sandbox_id: str) -> dict[str, str]:
+        """A copy of the guest's state (``NotFound`` once its processes are gone)."""
+        return dict(self._alive(sandbox_id).memory)
+
     def fail_next_boot(self, exc: AenvError) -> None:
         """Make the next boot raise ``exc`` (after its checks), leaving nothing behind."""
         self._fail_next = exc
+
+    def fail_next_restore(self, exc: AenvError) -> None:
+        """Make the next restore raise ``exc`` (after its checks), leaving nothing behind."""
+        self._fail_next_restore = exc
+
+    def fail_next_checkpoint(self, exc: AenvError) -> None:
+        """Make the next checkpoint raise ``exc`` once its files are half written; ``dest`` is
+        removed and the sandbox goes on as before."""
+        self._fail_next_checkpoint = exc
+
+
+def _shape(spec: SandboxSpec) -> dict[str, Any]:
+    """What the image records of the saved sandbox's spec; a restore must match its CPUs and
+    memory (runsc brings the saved kernel back as it was)."""
+    return {
+        "cpu_count": spec.cpu_count,
+        "memory_mb": spec.memory_mb,
+        "hostname": spec.hostname,
+        "envd_args": list(spec.envd_args),
+        "env": dict(spec.env),
+    }
+
+
+def _read_image(image: MemoryImage, spec: SandboxSpec) -> dict[str, str]:
+    """The memory saved in ``image``, checked against ``spec``."""
+    sid = spec.sandbox_id
+    missing = [name for name in IMAGE_FILES if not (image.path / name).is_file()]
+    if missing:
+        raise FailedPrecondition(
+            f"image {image.path} for sandbox {sid} is incomplete (no {', '.join(missing)})")
+    try:
+        state = json.loads((image.path / _STATE).read_text())
+        keys = json.loads((image.path / _PAGES_META).read_text())["keys"]
+        memory = json.loads((image.path / _PAGES).read_text())
+        ok = (isinstance(state, dict) and state.get("format") == IMAGE_FORMAT
+              and isinstance(memory, dict) and keys == sorted(memory)
+              and all(isinstance(v, str) for v in memory.values()))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise RuntimeFailure(f"restore of sandbox {sid} failed: {image.path}: {exc}") from exc
+    if not ok:
+        raise RuntimeFailure(f"restore of sandbox {sid} failed: {image.path} is no fake image "
+                             "or is torn")
+    saved = {key: state.get(key) for key in ("cpu_count", "memory_mb")}
+    if saved != {"cpu_count": spec.cpu_count, "memory_mb": spec.memory_mb}:
+        raise FailedPrecondition(
+            f"image {image.path} holds a sandbox of {saved}; sandbox {sid} asks for "
+            f"{spec.cpu_count} CPUs and {spec.memory_mb} MiB")
+    return {str(k): str(v) for k, v in memory.items()}

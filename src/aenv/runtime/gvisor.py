@@ -184,6 +184,9 @@ class GvisorRuntime:
         for st in states:
             sandbox_id = st.bundle.parent.name if st.bundle.name == "bundle" else st.id
             status = st.status if st.status in _STATUSES else "unknown"
+            if status in _ALIVE and st.pid is not None and not _pid_alive(st.pid):
+                # A sandbox that exited after a checkpoint keeps "running" in runsc's file.
+                status = "stopped"
             found.append(Observed(runtime_id=st.id, sandbox_id=sandbox_id, status=status,
                                   pid=st.pid))
         return found
@@ -340,6 +343,16 @@ def _remove_cgroups(relative: str) -> None:
                 path.rmdir()
             except OSError as exc:  # still has processes: nothing we may kill here
                 log.warning("cannot remove cgroup %s: %s", path, exc)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _read_pid(path: Path) -> int | None:

@@ -1,7 +1,8 @@
-"""Boot one sandbox up to "envd answers": slot, rootfs, runtime, readiness.
+"""Start one sandbox up to "envd answers": slot, rootfs, runtime, readiness.
 
-Shared by the cold create path and the warm pool. On failure everything acquired here is
-released again before the error propagates.
+A template with a memory image is *restored* (envd is already running in the image); one
+without is booted cold. Shared by create, fork and the warm pool. On failure everything
+acquired here is released again before the error propagates.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aenv.network.base import EgressPolicy, NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.envd_client import EnvdClient
-from aenv.runtime.base import Instance, SandboxSpec
+from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Booted:
     instance: Instance
     cpu_count: int
     memory_mb: int
+    envd_bundle: Path
     #: Milliseconds per phase, for the create log line and benchmarks.
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -63,23 +66,34 @@ async def boot_sandbox(
             await on_slot(slot)
         rootfs = await node.rootfs.assemble(sandbox_id, template.layers)
         lap("rootfs")
-        spec = SandboxSpec(
-            sandbox_id=sandbox_id,
-            rootfs=rootfs,
-            envd_bundle=node.envd_bundle,
-            cpu_count=cpu,
-            memory_mb=memory,
-            envd_args=("--user", template.default_user, "--workdir", template.default_workdir),
-        )
-        instance = await node.runtime.boot(spec, slot)
-        lap("boot")
+        bundle = template.envd_bundle or node.envd_bundle
+        spec = sandbox_spec(sandbox_id, rootfs, bundle, template, cpu, memory)
+        if template.image is None:
+            instance = await node.runtime.boot(spec, slot)
+            lap("boot")
+        else:
+            instance = await node.runtime.restore(MemoryImage.at(template.image), spec, slot)
+            lap("restore")
         async with EnvdClient(node.guests.transport(slot), slot) as envd:
             await envd.wait_ready(node.settings.envd_ready_timeout_s)
         lap("envd_ready")
-        return Booted(sandbox_id, template, slot, instance, cpu, memory, lap.phases)
+        return Booted(sandbox_id, template, slot, instance, cpu, memory, bundle, lap.phases)
     except BaseException:
         await asyncio.shield(_release(node, sandbox_id, slot, instance))
         raise
+
+
+def sandbox_spec(
+    sandbox_id: str, rootfs: Path, envd_bundle: Path, template: Template, cpu: int, memory: int
+) -> SandboxSpec:
+    return SandboxSpec(
+        sandbox_id=sandbox_id,
+        rootfs=rootfs,
+        envd_bundle=envd_bundle,
+        cpu_count=cpu,
+        memory_mb=memory,
+        envd_args=("--user", template.default_user, "--workdir", template.default_workdir),
+    )
 
 
 async def _release(

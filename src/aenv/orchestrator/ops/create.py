@@ -21,6 +21,7 @@ from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
 from aenv.core.states import SandboxState
 from aenv.network.base import EgressPolicy, NetSlot
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.deps import Template
 from aenv.orchestrator.egress import policy_from
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import instance_json
@@ -48,12 +49,26 @@ class CreateParams:
 
 async def create(node: Node, params: CreateParams) -> SandboxRecord:
     template = await node.templates.resolve(params.template)
-    policy = policy_from(params.allow_internet_access, params.network)
-    if await node.store.count(_LIVE) >= node.settings.max_sandboxes:
+    await check_capacity(node)
+    return await create_from(node, template, params)
+
+
+async def check_capacity(node: Node, wanted: int = 1) -> int:
+    """How many of ``wanted`` sandboxes fit under the node's limit; ``ResourceExhausted`` if
+    not even one does."""
+    free = node.settings.max_sandboxes - await node.store.count(_LIVE)
+    if free <= 0:
         raise ResourceExhausted(
             f"this node runs its maximum of {node.settings.max_sandboxes} sandboxes"
         )
-    warm = node.warm.take(template.template_id) if node.warm is not None else None
+    return min(free, wanted)
+
+
+async def create_from(node: Node, template: Template, params: CreateParams) -> SandboxRecord:
+    """Create a sandbox of an already resolved ``template`` (a fork child's template is the
+    parent's memory image). Contract: as the module's."""
+    policy = policy_from(params.allow_internet_access, params.network)
+    warm = node.warm.take(template) if node.warm is not None else None
     now = node.clock()
     record = SandboxRecord(
         sandbox_id=warm.sandbox_id if warm else new_sandbox_id(),
@@ -69,13 +84,14 @@ async def create(node: Node, params: CreateParams) -> SandboxRecord:
         disk_size_mb=node.settings.disk_size_mb,
         envd_token=new_access_token(),
         client_id=new_client_id(),
-        metadata=dict(params.metadata),
-        env_vars=dict(params.env_vars),
+        metadata={**template.metadata, **params.metadata},
+        env_vars={**template.env_vars, **params.env_vars},
         auto_pause=params.auto_pause,
         auto_resume=params.auto_resume,
         allow_internet_access=params.allow_internet_access,
         network=params.network,
-        instance=instance_json(warm.slot, warm.instance) if warm else None,
+        instance=(instance_json(warm.slot, warm.instance, envd_bundle=warm.envd_bundle)
+                  if warm else None),
     )
     try:
         await node.store.insert(record)
@@ -91,8 +107,8 @@ async def create(node: Node, params: CreateParams) -> SandboxRecord:
                 policy=policy,
             )
             record = await node.store.require(record.sandbox_id)
-            record = await node.store.update(record, instance=instance_json(warm.slot,
-                                                                             warm.instance))
+            record = await node.store.update(record, instance=instance_json(
+                warm.slot, warm.instance, envd_bundle=warm.envd_bundle))
         elif policy != EgressPolicy():
             await node.pool.set_egress(warm.slot, policy)
         return await _initialise(node, record, warm, from_pool=from_pool)
@@ -117,6 +133,7 @@ async def _initialise(
             env_vars=record.env_vars,
             user=booted.template.default_user,
             workdir=booted.template.default_workdir,
+            current_token=booted.template.envd_token,
         )
     # The lifetime counts from when the sandbox became usable.
     now = node.clock()

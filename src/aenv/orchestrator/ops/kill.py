@@ -14,6 +14,7 @@ import asyncio
 from aenv.core.errors import Conflict
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.ops.settle import TRANSITIONAL, settled
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.store.models import SandboxRecord
 
@@ -22,6 +23,8 @@ _KILLABLE = {SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.KILLING}
 
 async def kill(node: Node, sandbox_id: str) -> None:
     record = await node.store.require(sandbox_id)
+    if record.state in TRANSITIONAL:
+        record = await settled(node, sandbox_id)  # a pause being written, a snapshot...
     if record.state not in _KILLABLE:
         raise Conflict(f"sandbox {sandbox_id} is {record.state}; try again")
     if record.state != SandboxState.KILLING:

@@ -1,11 +1,14 @@
-"""Release everything a sandbox holds: runtime, rootfs, network slot. Idempotent.
+"""Release everything a sandbox holds: runtime, rootfs, network slot, paused memory image.
+Idempotent.
 
 Used by kill, failed creates and recovery; each step tolerates "already gone".
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import shutil
 
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode
@@ -23,3 +26,8 @@ async def teardown(node: Node, record: SandboxRecord) -> None:
     if slot is not None:
         await node.guests.forget(slot)
         await node.pool.release(slot)
+    if node.spiller is not None:
+        node.spiller.cancel(record.sandbox_id)
+    image = node.paused_dir / record.sandbox_id
+    for path in (image, image.with_name(image.name + ".partial")):
+        await asyncio.to_thread(shutil.rmtree, path, True)

@@ -1,0 +1,137 @@
+"""Pause a sandbox in two tiers: freeze at once, write its memory to disk soon after.
+
+*Pause* (the API call) stops every task of the sandbox (~25 ms) and answers: the record is
+``paused`` with its runtime frozen and its slot held, so a resume within ``pause_hot_s`` is a
+thaw (milliseconds). A frozen sandbox does not depend on the server process, so an
+acknowledged pause survives a server crash; recovery finds it frozen and carries on.
+
+*Spill* (background, see ``orchestrator/spill.py``) writes a frozen sandbox's memory image to
+``<paused_dir>/<id>`` (checkpoint; the sandbox exits), then frees its runtime and slot: a
+paused sandbox then costs its image on disk and no memory. The image is written to
+``<id>.partial`` and renamed when complete, so a crash never leaves a half image that looks
+whole; the record names the image only once it is renamed.
+
+Prerequisites: ``pause``: the sandbox is running. ``spill``: it is paused and frozen.
+On failure: ``pause`` leaves it running (``Conflict`` 409 if already paused or busy);
+``spill`` leaves it frozen (and paused) and raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from aenv.core.errors import Conflict, FailedPrecondition
+from aenv.core.states import SandboxState
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.instance_codec import decode, frozen, paused_image
+from aenv.orchestrator.ops.quiesce import quiesce
+from aenv.store.models import SandboxRecord
+
+log = logging.getLogger("aenv.orchestrator.pause")
+
+_PAUSED = {SandboxState.PAUSED, SandboxState.PAUSING}
+
+
+async def pause(node: Node, sandbox_id: str) -> SandboxRecord:
+    record = await node.store.require(sandbox_id)
+    if record.state in _PAUSED:
+        raise Conflict(f"sandbox {sandbox_id} is already paused")
+    if record.state != SandboxState.RUNNING:
+        raise Conflict(f"sandbox {sandbox_id} is {record.state}; try again")
+    record = await node.store.update(record, state=SandboxState.PAUSING)
+    return await asyncio.shield(_freeze(node, record))
+
+
+async def _freeze(node: Node, record: SandboxRecord) -> SandboxRecord:
+    slot, instance = decode(record.instance, record.sandbox_id)
+    try:
+        if instance is None or slot is None:
+            raise FailedPrecondition(f"sandbox {record.sandbox_id} has no runtime to pause")
+        # Open streams would hang on a frozen guest, and the memory written out later must
+        # hold no connected endpoint: close them all now.
+        await quiesce(node, record.sandbox_id, slot)
+        await node.runtime.freeze(instance)
+    except BaseException:
+        await node.store.update(record, state=SandboxState.RUNNING)
+        raise
+    record = await node.store.update(
+        record, state=SandboxState.PAUSED, instance={**(record.instance or {}), "frozen": True}
+    )
+    if node.spiller is not None:
+        node.spiller.schedule(record.sandbox_id)
+    return record
+
+
+def image_dir(node: Node, sandbox_id: str) -> Path:
+    return node.paused_dir / sandbox_id
+
+
+async def spill(node: Node, sandbox_id: str) -> SandboxRecord | None:
+    """Write a frozen sandbox's memory to disk and free it. None if there is nothing to do
+    (not paused, already on disk, or gone)."""
+    record = await node.store.get(sandbox_id)
+    if record is None or record.state != SandboxState.PAUSED or not frozen(record.instance):
+        return None
+    record = await node.store.update(record, state=SandboxState.PAUSING)
+    return await asyncio.shield(_spill(node, record))
+
+
+async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
+    sid = record.sandbox_id
+    slot, instance = decode(record.instance, sid)
+    final = image_dir(node, sid)
+    partial = final.with_name(final.name + ".partial")
+    started = time.monotonic()
+    try:
+        if instance is None or slot is None:
+            raise FailedPrecondition(f"sandbox {sid} has no runtime to write out")
+        await asyncio.to_thread(shutil.rmtree, partial, True)
+        await asyncio.to_thread(shutil.rmtree, final, True)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        image = await node.runtime.checkpoint(instance, partial, leave_running=False)
+        await asyncio.to_thread(_seal, partial, final)
+    except BaseException:
+        await asyncio.to_thread(shutil.rmtree, partial, True)
+        await node.store.update(record, state=SandboxState.PAUSED)
+        raise
+    data = {k: v for k, v in (record.instance or {}).items()
+            if k in ("envd_bundle",)}
+    record = await node.store.update(
+        record, state=SandboxState.PAUSED, instance={**data, "image": str(final)}
+    )
+    # Only now that the record names the image: a crash before this point leaves a frozen
+    # or exited runtime that recovery handles from the old record.
+    try:
+        await node.runtime.destroy(instance)
+        await node.guests.forget(slot)
+        await node.pool.release(slot)
+    except Exception:
+        log.exception("could not free the runtime of paused sandbox %s; recovery will", sid)
+    log.info("paused %s to disk in %.0f ms (%.1f MB)", sid,
+             (time.monotonic() - started) * 1000, image.size_bytes / 1e6)
+    return record
+
+
+def _seal(partial: Path, final: Path) -> None:
+    """fsync the image's files and rename it into place (atomic commit)."""
+    for name in os.listdir(partial):
+        fd = os.open(partial / name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    partial.rename(final)
+    fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def on_disk(record: SandboxRecord) -> Path | None:
+    return paused_image(record.instance)

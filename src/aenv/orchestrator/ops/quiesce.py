@@ -1,0 +1,26 @@
+"""Close every host-side connection into a sandbox before its memory is saved.
+
+runsc 20240729 cannot save a connected guest TCP endpoint: without ``--net-disconnect-ok``
+the save is refused, with it the save goes through, but a sandbox restored from that image
+has an envd that accepts connections and never answers them (measured:
+tests/runtime/test_checkpoint.py). When the *host* closes first, the guest's endpoints finish
+their passive close before the save and restores answer. So before a checkpoint the node
+ends proxied streams, closes its pooled connections to envd, and gives the guest a moment to
+process the FINs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aenv.network.base import NetSlot
+from aenv.orchestrator.context import Node
+
+#: Time for the guest's netstack and envd to process the host's FINs (a few ms measured).
+SETTLE_S = 0.02
+
+
+async def quiesce(node: Node, sandbox_id: str, slot: NetSlot) -> None:
+    node.streams.abort(sandbox_id)
+    await node.guests.forget(slot)
+    await asyncio.sleep(SETTLE_S)

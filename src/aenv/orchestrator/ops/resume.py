@@ -1,0 +1,140 @@
+"""Resume a paused sandbox (connect, ``/resume``, auto-resume on proxy traffic).
+
+A frozen sandbox is thawed (milliseconds); one paused to disk is restored from its memory
+image into a fresh network slot (same guest address), under the same id, with the same envd
+(and so the same access token, processes and files). The image is deleted once the sandbox
+runs again.
+
+Prerequisites: the sandbox exists. If another operation holds it (a pause being written to
+disk, a snapshot), the resume waits for it (``transition_wait_s``).
+On success: ``(record, resumed)``; a running sandbox only gets ``end = max(end, now+timeout)``
+and ``resumed`` is false; a resumed one gets ``end = now + timeout``.
+On failure: ``NotFound``; ``Conflict`` when it stays busy; a failed restore leaves it paused
+with its image (and raises ``RuntimeFailure``/``Unavailable``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+
+from aenv.core.errors import Conflict, FailedPrecondition
+from aenv.core.states import SandboxState
+from aenv.network.base import NetSlot
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.egress import policy_from
+from aenv.orchestrator.envd_client import EnvdClient
+from aenv.orchestrator.instance_codec import (
+    decode,
+    envd_bundle_of,
+    frozen,
+    instance_json,
+    paused_image,
+)
+from aenv.orchestrator.ops.lifetime import set_timeout
+from aenv.orchestrator.ops.settle import settled
+from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
+from aenv.store.models import SandboxRecord
+
+log = logging.getLogger("aenv.orchestrator.resume")
+
+_RETRIES = 5
+
+
+async def resume(
+    node: Node, sandbox_id: str, timeout_s: int | None
+) -> tuple[SandboxRecord, bool]:
+    seconds = node.settings.default_timeout_s if timeout_s is None else timeout_s
+    for _ in range(_RETRIES):
+        record = await settled(node, sandbox_id)
+        if record.state == SandboxState.RUNNING:
+            return await set_timeout(node, sandbox_id, seconds, allow_shorter=False), False
+        if record.state != SandboxState.PAUSED:
+            raise Conflict(f"sandbox {sandbox_id} is {record.state}")
+        try:
+            record = await node.store.update(record, state=SandboxState.RESUMING)
+        except Conflict:
+            continue  # someone else moved it first (the spiller): look again
+        if node.spiller is not None:
+            node.spiller.cancel(sandbox_id)
+        return await asyncio.shield(_resume(node, record, seconds)), True
+    raise Conflict(f"sandbox {sandbox_id} is busy; try again")
+
+
+async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRecord:
+    started = time.monotonic()
+    if frozen(record.instance):
+        _, instance = decode(record.instance, record.sandbox_id)
+        try:
+            if instance is None:
+                raise FailedPrecondition(f"sandbox {record.sandbox_id} has no runtime")
+            await node.runtime.thaw(instance)
+        except BaseException:
+            await node.store.update(record, state=SandboxState.PAUSED)
+            raise
+        data = {k: v for k, v in (record.instance or {}).items() if k != "frozen"}
+        consumed = None
+        how = "thawed"
+    else:
+        record, data = await _restore(node, record)
+        consumed = paused_image(record.instance)
+        how = "restored"
+    now = node.clock()
+    record = await node.store.update(
+        record, state=SandboxState.RUNNING, instance=data, end_at=now + seconds
+    )
+    if consumed is not None:
+        # The record no longer names it: a crash before this line leaves a stray image
+        # that recovery deletes.
+        await asyncio.to_thread(shutil.rmtree, consumed, True)
+    log.info("resumed %s (%s) in %.0f ms", record.sandbox_id, how,
+             (time.monotonic() - started) * 1000)
+    return record
+
+
+async def _restore(
+    node: Node, record: SandboxRecord
+) -> tuple[SandboxRecord, dict[str, object]]:
+    sid = record.sandbox_id
+    image_path = paused_image(record.instance)
+    if image_path is None:
+        await node.store.update(record, state=SandboxState.PAUSED)
+        raise FailedPrecondition(f"paused sandbox {sid} has no memory image")
+    bundle = envd_bundle_of(record.instance, node.envd_bundle)
+    slot: NetSlot | None = None
+    instance: Instance | None = None
+    try:
+        image = MemoryImage.at(image_path)
+        slot = await node.pool.acquire(policy_from(record.allow_internet_access, record.network))
+        # The slot is in the record before it is used, so recovery can release it.
+        record = await node.store.update(
+            record, instance={**(record.instance or {}), "slot": instance_json(slot, None)["slot"]}
+        )
+        rootfs = await node.rootfs.ensure_mounted(sid)
+        spec = SandboxSpec(sandbox_id=sid, rootfs=rootfs, envd_bundle=bundle,
+                           cpu_count=record.cpu_count, memory_mb=record.memory_mb)
+        instance = await node.runtime.restore(image, spec, slot)
+        async with EnvdClient(node.guests.transport(slot), slot) as envd:
+            await envd.wait_ready(node.settings.envd_ready_timeout_s)
+    except BaseException:
+        await asyncio.shield(_undo(node, record, slot, instance))
+        raise
+    return record, instance_json(slot, instance, envd_bundle=bundle)
+
+
+async def _undo(
+    node: Node, record: SandboxRecord, slot: NetSlot | None, instance: Instance | None
+) -> None:
+    try:
+        if instance is not None:
+            await node.runtime.destroy(instance)
+        if slot is not None:
+            await node.guests.forget(slot)
+            await node.pool.release(slot)
+        data = {k: v for k, v in (record.instance or {}).items() if k != "slot"}
+        await node.store.update(record, state=SandboxState.PAUSED, instance=data)
+    except Exception:
+        log.exception("could not roll back the failed resume of %s; recovery will",
+                      record.sandbox_id)

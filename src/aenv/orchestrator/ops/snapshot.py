@@ -1,0 +1,97 @@
+"""Persistent snapshots: save a running sandbox's memory (files included: the root's writable
+layer lives in sandbox memory) into the repository, as a template new sandboxes restore from.
+
+The source keeps running: the checkpoint pauses it only while it is written
+(``--leave-running``). Connections into the sandbox are closed first (``quiesce.py``): a
+client's open command stream ends and can re-attach to the process, which lives on.
+
+Prerequisites: the sandbox is running. On success: the snapshot is committed and visible
+(``templateID`` for create, ``GET /snapshots``); the source is ``running`` again.
+On failure: nothing is visible (the staged image is removed); the source runs on.
+A crash mid-snapshot leaves only a staging directory, which the repository removes at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from aenv.core.errors import Conflict, FailedPrecondition
+from aenv.core.ids import new_snapshot_id
+from aenv.core.states import SandboxState
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.instance_codec import decode, envd_bundle_of
+from aenv.orchestrator.ops.quiesce import quiesce
+from aenv.runtime.base import MemoryImage
+from aenv.storage.repository import Snapshot, SnapshotManifest
+from aenv.store.models import SandboxRecord
+
+log = logging.getLogger("aenv.orchestrator.snapshot")
+
+
+async def create_snapshot(node: Node, sandbox_id: str, name: str | None) -> Snapshot:
+    record = await node.store.require(sandbox_id)
+    if record.state != SandboxState.RUNNING:
+        raise Conflict(f"sandbox {sandbox_id} is {record.state.public}; snapshot a running one")
+    record = await node.store.update(record, state=SandboxState.SNAPSHOTTING)
+    return await asyncio.shield(_snapshot(node, record, name))
+
+
+async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snapshot:
+    started = time.monotonic()
+    try:
+        staged = node.repository.stage(new_snapshot_id())
+        try:
+            image = await checkpoint_running(node, record, staged.memory_dir)
+            saved = time.monotonic()
+            manifest = manifest_of(node, record, staged.snapshot_id, name)
+            snapshot = await node.repository.commit(
+                staged, manifest.model_copy(update={"memory_size_bytes": image.size_bytes})
+            )
+        except BaseException:
+            await node.repository.discard(staged)
+            raise
+    finally:
+        await back_to_running(node, record)
+    log.info("snapshot %s of %s in %.0f ms (save %.0f ms, %.1f MB)", snapshot.snapshot_id,
+             record.sandbox_id, (time.monotonic() - started) * 1000,
+             (saved - started) * 1000, snapshot.manifest.memory_size_bytes / 1e6)
+    return snapshot
+
+
+async def checkpoint_running(node: Node, record: SandboxRecord, dest: Path) -> MemoryImage:
+    """Checkpoint a running sandbox into ``dest``, leaving it running."""
+    slot, instance = decode(record.instance, record.sandbox_id)
+    if instance is None or slot is None:
+        raise FailedPrecondition(f"sandbox {record.sandbox_id} has no runtime")
+    await quiesce(node, record.sandbox_id, slot)
+    return await node.runtime.checkpoint(instance, dest, leave_running=True)
+
+
+def manifest_of(
+    node: Node, record: SandboxRecord, snapshot_id: str, name: str | None
+) -> SnapshotManifest:
+    lowers = node.rootfs.recorded_lowers(record.sandbox_id) or []
+    return SnapshotManifest(
+        snapshot_id=snapshot_id,
+        names=[name] if name else [],
+        source_sandbox_id=record.sandbox_id,
+        template_id=record.template_id,
+        created_at=node.clock(),
+        layers=[str(p) for p in lowers],
+        envd_bundle=str(envd_bundle_of(record.instance, node.envd_bundle)),
+        cpu_count=record.cpu_count,
+        memory_mb=record.memory_mb,
+        env_vars=record.env_vars,
+        metadata=record.metadata,
+        envd_token=record.envd_token,
+    )
+
+
+async def back_to_running(node: Node, record: SandboxRecord) -> None:
+    current = await node.store.get(record.sandbox_id)
+    if current is not None and current.state in (SandboxState.SNAPSHOTTING,
+                                                  SandboxState.FORKING):
+        await node.store.update(current, state=SandboxState.RUNNING)

@@ -1,0 +1,95 @@
+"""The spiller: writes frozen (hot-paused) sandboxes to disk once they have been paused for
+``pause_hot_s``, or at once when more than ``max_hot_paused`` are frozen (oldest first).
+
+One supervised task; a spill that fails is retried later (the sandbox stays frozen and
+paused meanwhile, so nothing is lost). After a restart, ``adopt`` re-schedules every frozen
+sandbox recovery found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from aenv.core.errors import AenvError
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.ops.pause import spill
+
+log = logging.getLogger("aenv.orchestrator.spill")
+
+#: After a failed spill, try that sandbox again this much later.
+RETRY_S = 30.0
+
+
+class Spiller:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        #: sandbox id → monotonic time it is due.
+        self._due: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[object]] = set()
+
+    def schedule(self, sandbox_id: str, *, delay: float | None = None) -> None:
+        hot = self.node.settings.pause_hot_s if delay is None else delay
+        self._due[sandbox_id] = time.monotonic() + hot
+        overflow = len(self._due) - self.node.settings.max_hot_paused
+        if overflow > 0:
+            for oldest in sorted(self._due, key=self._due.__getitem__)[:overflow]:
+                self._due[oldest] = 0.0
+        self._wake.set()
+
+    def cancel(self, sandbox_id: str) -> None:
+        self._due.pop(sandbox_id, None)
+
+    @property
+    def pending(self) -> int:
+        return len(self._due)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="spiller")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        # An in-flight spill is shielded and finishes on its own; wait for it briefly.
+        if self._running:
+            await asyncio.wait(self._running, timeout=30)
+
+    async def drain(self) -> None:
+        """Spill every frozen sandbox now (benchmarks, shutdown of a node being drained)."""
+        for sandbox_id in list(self._due):
+            self._due.pop(sandbox_id, None)
+            await self._spill(sandbox_id)
+
+    async def _loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            due = [sid for sid, at in self._due.items() if at <= now]
+            for sandbox_id in due:
+                del self._due[sandbox_id]
+                task = asyncio.create_task(self._spill(sandbox_id), name=f"spill-{sandbox_id}")
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+            self._wake.clear()
+            wait = min(self._due.values(), default=now + 3600) - time.monotonic()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
+
+    async def _spill(self, sandbox_id: str) -> None:
+        try:
+            await spill(self.node, sandbox_id)
+        except AenvError as exc:
+            log.warning("writing paused sandbox %s to disk failed (retry in %.0fs): %s",
+                        sandbox_id, RETRY_S, exc.message)
+            self.schedule(sandbox_id, delay=RETRY_S)
+        except Exception:
+            log.exception("writing paused sandbox %s to disk failed", sandbox_id)
+            self.schedule(sandbox_id, delay=RETRY_S)

@@ -1,0 +1,73 @@
+"""Give a template a memory image, so its sandboxes are restored instead of booted.
+
+Once per (template layers, envd bundle): boot a sandbox of the template, wait for envd,
+checkpoint it (the sandbox exits) and commit the image to the repository as a ``template``
+snapshot. Later starts find it there. A restore skips envd's start-up (~1.5 s of Python
+imports through the gofer) and starts with warm caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from aenv.core.ids import new_sandbox_id
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.deps import Template
+from aenv.orchestrator.ops.boot import boot_sandbox, discard
+from aenv.orchestrator.ops.quiesce import quiesce
+from aenv.storage.repository import SnapshotManifest
+
+log = logging.getLogger("aenv.orchestrator.template_image")
+
+
+def image_id(template: Template, envd_bundle: Path) -> str:
+    key = "\n".join([template.template_id, *map(str, template.layers), str(envd_bundle)])
+    return f"tpl-{template.template_id}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+async def with_memory_image(node: Node, template: Template) -> Template:
+    """``template`` with ``image`` set, making the image first if the repository lacks it.
+
+    On failure: raises (the caller may go on booting cold); nothing half-made is visible.
+    """
+    snapshot_id = image_id(template, node.envd_bundle)
+    snapshot = node.repository.get(snapshot_id)
+    if snapshot is None:
+        started = time.monotonic()
+        booted = await boot_sandbox(node, new_sandbox_id(), template)
+        staged = node.repository.stage(snapshot_id)
+        try:
+            await quiesce(node, booted.sandbox_id, booted.slot)
+            image = await node.runtime.checkpoint(booted.instance, staged.memory_dir,
+                                                  leave_running=False)
+            manifest = SnapshotManifest(
+                snapshot_id=snapshot_id,
+                kind="template",
+                template_id=template.template_id,
+                created_at=node.clock(),
+                layers=[str(p) for p in template.layers],
+                envd_bundle=str(booted.envd_bundle),
+                cpu_count=booted.cpu_count,
+                memory_mb=booted.memory_mb,
+                default_user=template.default_user,
+                default_workdir=template.default_workdir,
+                memory_size_bytes=image.size_bytes,
+            )
+            snapshot = await node.repository.commit(staged, manifest)
+        except BaseException:
+            await asyncio.shield(node.repository.discard(staged))
+            raise
+        finally:
+            await asyncio.shield(discard(node, booted))
+        log.info("memory image of template %s made in %.0f ms (%.1f MB)",
+                 template.template_id, (time.monotonic() - started) * 1000,
+                 image.size_bytes / 1e6)
+    m = snapshot.manifest
+    # A restored kernel keeps the CPUs and memory it was saved with.
+    return replace(template, image=snapshot.memory_dir, envd_bundle=Path(m.envd_bundle),
+                   cpu_count=m.cpu_count, memory_mb=m.memory_mb)
