@@ -87,7 +87,9 @@ def _slot_range() -> dict[str, str]:
     """A network slot range of its own for each test server: two servers sharing slots would
     sweep each other's network namespaces at start."""
     global _servers_started
-    first = 20_000 + (os.getpid() % 20) * 1_000 + (_servers_started % 10) * 100
+    # AENV_TEST_SLOT_BASE: a range of 1,000 slots of one's own (parallel test sessions).
+    base = int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 20) * 1_000))
+    first = base + (_servers_started % 10) * 100
     _servers_started += 1
     return {"net_first_index": str(first), "net_last_index": str(first + 99)}
 

@@ -63,6 +63,7 @@ BASE_PACKAGES: tuple[str, ...] = (
     "less",
     "nano",
     "netbase",
+    "nodejs",
     "procps",
     "python-is-python3",
     "python3",
