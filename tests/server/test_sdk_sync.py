@@ -124,7 +124,7 @@ def test_kill_and_not_found(server: NodeServer) -> None:
 
 
 def test_set_timeout_expiry_stops_the_sandbox(server: NodeServer) -> None:
-    sbx = Sandbox.create(timeout=60)
+    sbx = Sandbox.create(timeout=60, lifecycle={"on_timeout": "kill"})
     before = sbx.get_info().end_at
     sbx.set_timeout(3)
     assert sbx.get_info().end_at < before
@@ -204,9 +204,3 @@ def test_network_options_are_kept_and_updatable(server: NodeServer) -> None:
 def test_unsupported_domain_rule_is_a_400(server: NodeServer) -> None:
     with pytest.raises(SandboxException, match="400"):
         Sandbox.create(timeout=60, network={"allow_out": ["example.com"]})
-
-
-def test_pause_is_an_honest_501_until_snapshots_land(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="501"):
-        sandbox.pause()
-    assert sandbox.is_running()

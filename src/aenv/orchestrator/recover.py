@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -127,42 +126,40 @@ def find_images(node: Node, records: list[SandboxRecord]) -> set[str]:
     return found
 
 
-async def _finish_saves(node: Node, records: list[SandboxRecord],
-                        observed: list[Observed]) -> bool:
-    """A spill cut short by a crash goes on inside the sandbox (the save is the sentry's own
-    work): wait until such sandboxes exit, so their image is judged complete, not half
-    written. True if any was waited for."""
-    alive = {o.sandbox_id: o.pid for o in observed if o.pid is not None
-             and o.status in ("running", "paused")}
-    waits = []
-    for record in records:
-        if record.state != S.PAUSING or record.sandbox_id not in alive:
-            continue
-        partial = image_dir(node, record.sandbox_id).with_name(record.sandbox_id + ".partial")
-        if (partial / IMAGE_FILES[0]).exists():
-            waits.append(alive[record.sandbox_id])
-    waited = bool(waits)
+async def _finish_saves(node: Node, records: list[SandboxRecord]) -> bool:
+    """A spill cut short by a crash goes on without us: its ``runsc checkpoint`` process
+    outlives the server and the sentry keeps writing. Wait until no such process is left, so
+    an image is judged complete or not only once nothing writes it. True if any was waited
+    for."""
+    pausing = {r.sandbox_id for r in records if r.state == S.PAUSING}
     deadline = time.monotonic() + SAVE_WAIT_S
-    while waits and time.monotonic() < deadline:
-        waits = [pid for pid in waits if _pid_alive(pid)]
+    waited = False
+    while pausing and time.monotonic() < deadline:
+        if not _checkpointing(pausing):
+            break
+        waited = True
         await asyncio.sleep(0.05)
     return waited
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _checkpointing(sandbox_ids: set[str]) -> bool:
+    """Is a ``runsc … checkpoint … <id>`` process running for one of ``sandbox_ids``?"""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"checkpoint" in argv and any(sid.encode() in argv for sid in sandbox_ids):
+            return True
+    return False
 
 
 async def recover(node: Node) -> Plan:
     records = await node.store.list()
     observed = await node.runtime.observe()
-    if await _finish_saves(node, records, observed):
+    if await _finish_saves(node, records):
         observed = await node.runtime.observe()
     todo = plan(records, observed, find_images(node, records))
     by_id = {r.sandbox_id: r for r in records}

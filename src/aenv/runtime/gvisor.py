@@ -140,7 +140,10 @@ class GvisorRuntime:
                          ) -> MemoryImage:
         """Save the sandbox into the new directory ``dest`` (see ``Runtime.checkpoint``)."""
         sid = instance.sandbox_id
-        dest.mkdir(parents=True)
+        try:
+            dest.mkdir(parents=True)
+        except FileExistsError as exc:
+            raise FailedPrecondition(f"checkpoint destination {dest} already exists") from exc
         try:
             with map_runsc_errors(sid, "checkpoint", log=self.console_log(sid)):
                 await self.runsc.checkpoint(instance.runtime_id, dest,
