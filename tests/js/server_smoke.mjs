@@ -2,7 +2,8 @@
 //
 // Run by tests/server/test_js_server.py with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set
 // to the server under test. Creates a sandbox, runs a command, writes and reads a file, lists,
-// and kills it; prints one JSON summary and exits 1 on the first failure.
+// pauses and resumes it (a process keeps counting), snapshots it and creates from the snapshot,
+// forks it, and kills it; prints one JSON summary and exits 1 on the first failure.
 
 import { CommandExitError, Sandbox } from 'e2b'
 
@@ -34,6 +35,42 @@ async function main() {
     const info = await Sandbox.getInfo(sbx.sandboxId)
     if (info.metadata.from !== 'js' || info.state !== 'running') throw new Error('bad info')
     summary.info = true
+
+    // Memory survives pause/connect: a shell variable only the process remembers.
+    await sbx.commands.run('n=41; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.1; done', {
+      background: true,
+    })
+    await new Promise((r) => setTimeout(r, 400))
+    if ((await sbx.pause()) !== true) throw new Error('pause did not return true')
+    if (await sbx.isRunning()) throw new Error('running after pause')
+    if ((await Sandbox.getInfo(sbx.sandboxId)).state !== 'paused') throw new Error('not paused')
+    if ((await sbx.pause()) !== false) throw new Error('second pause was not false (409)')
+    const resumed = await Sandbox.connect(sbx.sandboxId)
+    const counted = Number((await resumed.commands.run('cat /tmp/n')).stdout)
+    if (!(counted > 42)) throw new Error(`counter restarted after resume: ${counted}`)
+    if ((await resumed.files.read('/home/user/js.txt')) !== 'written by js') throw new Error('file lost')
+    summary.pauseResume = true
+
+    const snap = await sbx.createSnapshot({ name: 'js-snap' })
+    const fromSnap = await Sandbox.create(snap.snapshotId, { timeoutMs: 60_000 })
+    try {
+      if ((await fromSnap.files.read('/home/user/js.txt')) !== 'written by js') throw new Error('snapshot lost the file')
+    } finally {
+      await fromSnap.kill()
+    }
+    if ((await Sandbox.deleteSnapshot(snap.snapshotId)) !== true) throw new Error('delete snapshot')
+    summary.snapshot = true
+
+    const forks = await sbx.fork({ count: 2 })
+    try {
+      if (forks.length !== 2 || forks.some((f) => f instanceof Error)) throw new Error(`fork: ${forks}`)
+      await forks[0].files.write('/home/user/only0.txt', 'x')
+      if (await forks[1].files.exists('/home/user/only0.txt')) throw new Error('siblings share files')
+      if ((await forks[1].files.read('/home/user/js.txt')) !== 'written by js') throw new Error('fork lost the file')
+    } finally {
+      for (const f of forks) if (!(f instanceof Error)) await f.kill()
+    }
+    summary.fork = true
   } finally {
     summary.killed = await Sandbox.kill(sbx.sandboxId)
   }
