@@ -240,13 +240,10 @@ class RootfsStore:
                 f"upper of sandbox {sandbox_id} belongs to other layers: {_show(recorded)} "
                 f"(asked for {_show(wanted)})"
             )
-        _make_dir(self.root, 0o755)
-        _make_dir(paths.dir, 0o700)  # host-side privacy: only root walks into a sandbox's files
-        _make_dir(paths.upper, 0o755)  # the upper's root inode is the merged "/" of the sandbox
-        _make_dir(paths.work, 0o700)
-        _make_dir(paths.rootfs, 0o755)
-        if fresh or recorded is None:
-            _write_record(paths.record, wanted)
+        # In a thread: the record's fsync would stall the event loop (tens of ms when a fork
+        # assembles 16 roots at once).
+        record = fresh or recorded is None
+        await asyncio.to_thread(self._prepare, paths, wanted, write_record=record)
         try:
             await self._mount(paths, wanted)
             if fresh:
@@ -258,6 +255,15 @@ class RootfsStore:
                 await asyncio.shield(self._undo_fresh(paths))
             raise
         return paths.rootfs
+
+    def _prepare(self, paths: SandboxPaths, lowers: list[Path], *, write_record: bool) -> None:
+        _make_dir(self.root, 0o755)
+        _make_dir(paths.dir, 0o700)  # host-side privacy: only root walks into a sandbox's files
+        _make_dir(paths.upper, 0o755)  # the upper's root inode is the merged "/" of the sandbox
+        _make_dir(paths.work, 0o700)
+        _make_dir(paths.rootfs, 0o755)
+        if write_record:
+            _write_record(paths.record, lowers)
 
     async def _undo_fresh(self, paths: SandboxPaths) -> None:
         if any(m.mount_point == str(paths.rootfs) for m in read_mountinfo()):
