@@ -135,7 +135,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         with console.status("preparing the base template's memory image"):
             base = await with_memory_image(node, base)
         catalog.use_image(base)
-        warm = WarmPool(node, base, settings.warm_pool_size)
+        warm = WarmPool(node, base, settings.warm_pool_size, settings.warm_pool_low)
         node.warm = warm
         warm.start()
         yield node

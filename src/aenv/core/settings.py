@@ -71,8 +71,13 @@ class Settings(BaseSettings):
     16 at once, and making one costs 12-40 ms."""
 
     warm_pool_size: int = Field(default=2, ge=0)
-    """Booted sandboxes of the default template kept ready, so a create only initialises one
-    (milliseconds instead of a boot). Each costs an idle sandbox's memory; 0 disables."""
+    """High watermark: sandboxes of the default template restored from its memory image and
+    kept ready, so a create only initialises one (milliseconds instead of a restore). Each
+    costs an idle sandbox's memory; 0 disables."""
+
+    warm_pool_low: int | None = Field(default=None, ge=0)
+    """Low watermark: refilling starts when fewer are ready (then fills up to the high one).
+    Unset: refill after every claim."""
 
     auto_pause_default: bool = True
     """What a sandbox does at the end of its lifetime when the create request does not say

@@ -1,8 +1,9 @@
-"""A pool of booted, not yet claimed sandboxes of the default template.
+"""A pool of started, not yet claimed sandboxes of the default template.
 
-Booting a sandbox means starting gVisor and envd (a Python process importing ~470 modules
-through the sandbox's file system): seconds, where claiming a booted one and initialising its
-envd takes milliseconds. The pool keeps ``size`` of them ready and refills in the background.
+Starting one means restoring the template's memory image (or, without one, booting gVisor
+and envd): hundreds of milliseconds to seconds, where claiming a ready one and initialising
+its envd takes milliseconds. The pool keeps up to ``size`` ready (high watermark) and refills
+in the background once fewer than ``low`` are left.
 
 Warm sandboxes have no store record: a crash leaves them as orphans, which recovery destroys.
 Each one costs an idle sandbox's memory (see docs/benchmarks.md); ``AENV_WARM_POOL_SIZE=0``
@@ -29,10 +30,13 @@ RETRY_MAX_S = 60.0
 
 
 class WarmPool:
-    def __init__(self, node: Node, template: Template, size: int) -> None:
+    def __init__(self, node: Node, template: Template, size: int, low: int | None = None
+                 ) -> None:
         self.node = node
         self.template = template
         self.size = size
+        #: Refill starts below this many ready sandboxes (and goes up to ``size``).
+        self.low = size if low is None else min(low, size)
         self._ready: deque[Booted] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -47,7 +51,8 @@ class WarmPool:
         if template != self.template or not self._ready:
             return None
         booted = self._ready.popleft()
-        self._wake.set()
+        if len(self._ready) < self.low:
+            self._wake.set()
         return booted
 
     @property
