@@ -26,7 +26,7 @@ import functools
 import socket
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import httpcore
@@ -43,6 +43,41 @@ POLL_INTERVAL_S = 0.005
 
 #: Keep-alive connections per guest: envd and a user port or two; a proxy fans out more.
 DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+
+
+class _Gate:
+    """Connections being opened to one slot's guest, and whether new ones may start."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.open.set()
+        self.connecting = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+
+#: host veth name → its gate, while a connect or a hold is under way.
+_GATES: dict[str, _Gate] = {}
+
+
+@contextlib.asynccontextmanager
+async def connections_held(slot: NetSlot, *, timeout: float = CONNECT_TIMEOUT_S
+                           ) -> AsyncIterator[None]:
+    """While inside: no new connection to the guest behind ``slot`` starts (``open_socket``
+    waits at the gate), and on entry every connect already under way has finished its
+    handshake. A connect cut off mid-handshake leaves the guest a half-open endpoint that
+    this runsc cannot checkpoint (nil dereference saving a SYN-RECV endpoint)."""
+    gate = _GATES.setdefault(slot.host_ifname, _Gate())
+    gate.open.clear()
+    try:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await gate.idle.wait()
+        yield
+    finally:
+        gate.open.set()
+        if gate.connecting == 0 and _GATES.get(slot.host_ifname) is gate:
+            del _GATES[slot.host_ifname]
 
 
 def bound_socket(slot: NetSlot) -> socket.socket:
@@ -67,10 +102,21 @@ async def open_socket(
     On success: the caller owns the socket and closes it.
     On failure: raises ``Unavailable`` (refused, timed out, veth gone); no socket leaks.
     """
+    gate = _GATES.setdefault(slot.host_ifname, _Gate())
     sock = bound_socket(slot)
     try:
         async with asyncio.timeout(timeout):
-            await asyncio.get_running_loop().sock_connect(sock, (slot.guest_ip, port))
+            await gate.open.wait()  # a checkpoint is being taken: start afterwards
+            gate.connecting += 1
+            gate.idle.clear()
+            try:
+                await asyncio.get_running_loop().sock_connect(sock, (slot.guest_ip, port))
+            finally:
+                gate.connecting -= 1
+                if gate.connecting == 0:
+                    gate.idle.set()
+                    if gate.open.is_set() and _GATES.get(slot.host_ifname) is gate:
+                        del _GATES[slot.host_ifname]
     except BaseException as exc:
         sock.close()
         if isinstance(exc, (OSError, TimeoutError)):
@@ -282,6 +328,10 @@ class GuestConnector:
     async def open_socket(self, slot: NetSlot, port: int) -> socket.socket:
         """A connected, non-blocking TCP socket to ``guest:port`` behind ``slot``."""
         return await open_socket(slot, port, timeout=self._connect_timeout)
+
+    def held(self, slot: NetSlot) -> contextlib.AbstractAsyncContextManager[None]:
+        """See ``connections_held``."""
+        return connections_held(slot, timeout=self._connect_timeout)
 
     async def forget(self, slot: NetSlot) -> None:
         """Close the cached connections of a slot that is being released. Idempotent."""

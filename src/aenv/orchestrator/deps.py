@@ -6,6 +6,7 @@ against honest fakes and keep imports pointing one way.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,4 +90,8 @@ class GuestConnector(Protocol):
 
     async def forget(self, slot: NetSlot) -> None:
         """Close cached connections of a slot that is being released."""
+        ...
+
+    def held(self, slot: NetSlot) -> contextlib.AbstractAsyncContextManager[None]:
+        """Inside: new connections to the slot's guest wait, none is mid-handshake."""
         ...

@@ -19,7 +19,7 @@ from aenv.core.ids import new_sandbox_id
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.ops.boot import boot_sandbox, discard
-from aenv.orchestrator.ops.quiesce import quiesce
+from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.storage.repository import SnapshotManifest
 
 log = logging.getLogger("aenv.orchestrator.template_image")
@@ -42,9 +42,9 @@ async def with_memory_image(node: Node, template: Template) -> Template:
         booted = await boot_sandbox(node, new_sandbox_id(), template)
         staged = node.repository.stage(snapshot_id)
         try:
-            await quiesce(node, booted.sandbox_id, booted.slot)
-            image = await node.runtime.checkpoint(booted.instance, staged.memory_dir,
-                                                  leave_running=False)
+            async with quiesced(node, booted.sandbox_id, booted.slot):
+                image = await node.runtime.checkpoint(booted.instance, staged.memory_dir,
+                                                      leave_running=False)
             manifest = SnapshotManifest(
                 snapshot_id=snapshot_id,
                 kind="template",

@@ -29,7 +29,7 @@ from aenv.core.errors import Conflict, FailedPrecondition
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
-from aenv.orchestrator.ops.quiesce import quiesce
+from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.pause")
@@ -54,8 +54,8 @@ async def _freeze(node: Node, record: SandboxRecord) -> SandboxRecord:
             raise FailedPrecondition(f"sandbox {record.sandbox_id} has no runtime to pause")
         # Open streams would hang on a frozen guest, and the memory written out later must
         # hold no connected endpoint: close them all now.
-        await quiesce(node, record.sandbox_id, slot)
-        await node.runtime.freeze(instance)
+        async with quiesced(node, record.sandbox_id, slot):
+            await node.runtime.freeze(instance)
     except BaseException:
         await node.store.update(record, state=SandboxState.RUNNING)
         raise
@@ -99,19 +99,22 @@ async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
         await asyncio.to_thread(shutil.rmtree, partial, True)
         await node.store.update(record, state=SandboxState.PAUSED)
         raise
-    data = {k: v for k, v in (record.instance or {}).items()
-            if k in ("envd_bundle",)}
+    # Free the runtime and slot *before* the record says "on disk": a resume that starts
+    # once it does must not meet the old container under the same runsc id. A crash in
+    # between leaves a pausing record whose image is complete: recovery finishes the job.
+    try:
+        await node.runtime.destroy(instance)
+    except BaseException:
+        # Still frozen and whole: stay the hot kind of paused; the spill is tried again.
+        await asyncio.to_thread(shutil.rmtree, final, True)
+        await node.store.update(record, state=SandboxState.PAUSED)
+        raise
+    await node.guests.forget(slot)
+    await node.pool.release(slot)
+    data = {k: v for k, v in (record.instance or {}).items() if k == "envd_bundle"}
     record = await node.store.update(
         record, state=SandboxState.PAUSED, instance={**data, "image": str(final)}
     )
-    # Only now that the record names the image: a crash before this point leaves a frozen
-    # or exited runtime that recovery handles from the old record.
-    try:
-        await node.runtime.destroy(instance)
-        await node.guests.forget(slot)
-        await node.pool.release(slot)
-    except Exception:
-        log.exception("could not free the runtime of paused sandbox %s; recovery will", sid)
     log.info("paused %s to disk in %.0f ms (%.1f MB)", sid,
              (time.monotonic() - started) * 1000, image.size_bytes / 1e6)
     return record

@@ -5,13 +5,17 @@ the save is refused, with it the save goes through, but a sandbox restored from 
 has an envd that accepts connections and never answers them (measured:
 tests/runtime/test_checkpoint.py). When the *host* closes first, the guest's endpoints finish
 their passive close before the save and restores answer. So before a checkpoint the node
-ends proxied streams, closes its pooled connections to envd, and gives the guest a moment to
+holds new connections back (they wait, then go ahead), lets connects under way finish their
+handshake (one cut mid-handshake leaves a SYN-RECV endpoint the save crashes on), ends
+proxied streams, closes its pooled connections to envd, and gives the guest a moment to
 process the FINs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from aenv.network.base import NetSlot
 from aenv.orchestrator.context import Node
@@ -20,7 +24,11 @@ from aenv.orchestrator.context import Node
 SETTLE_S = 0.02
 
 
-async def quiesce(node: Node, sandbox_id: str, slot: NetSlot) -> None:
-    node.streams.abort(sandbox_id)
-    await node.guests.forget(slot)
-    await asyncio.sleep(SETTLE_S)
+@contextlib.asynccontextmanager
+async def quiesced(node: Node, sandbox_id: str, slot: NetSlot) -> AsyncIterator[None]:
+    """Inside: no connection into the sandbox is open or being opened (new ones wait)."""
+    async with node.guests.held(slot):
+        node.streams.abort(sandbox_id)
+        await node.guests.forget(slot)
+        await asyncio.sleep(SETTLE_S)
+        yield

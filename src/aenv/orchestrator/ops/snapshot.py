@@ -23,7 +23,7 @@ from aenv.core.ids import new_snapshot_id
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode, envd_bundle_of
-from aenv.orchestrator.ops.quiesce import quiesce
+from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.runtime.base import MemoryImage
 from aenv.storage.repository import Snapshot, SnapshotManifest
 from aenv.store.models import SandboxRecord
@@ -66,8 +66,8 @@ async def checkpoint_running(node: Node, record: SandboxRecord, dest: Path) -> M
     slot, instance = decode(record.instance, record.sandbox_id)
     if instance is None or slot is None:
         raise FailedPrecondition(f"sandbox {record.sandbox_id} has no runtime")
-    await quiesce(node, record.sandbox_id, slot)
-    return await node.runtime.checkpoint(instance, dest, leave_running=True)
+    async with quiesced(node, record.sandbox_id, slot):
+        return await node.runtime.checkpoint(instance, dest, leave_running=True)
 
 
 def manifest_of(
