@@ -7,8 +7,9 @@ of it survives (a live runtime, or a complete memory image), and is torn down ot
 - running / snapshotting / forking, runtime alive: running (thawed if frozen).
 - paused and frozen, alive: paused and frozen; its spill is scheduled again.
 - paused on disk: paused (the image is kept).
-- pausing, alive and frozen (or flagged): paused and frozen; alive and running: running
-  (the pause never answered); dead with a complete image: paused on disk.
+- pausing with a complete image: paused on disk (a save that finished leaves its sentry
+  paused, never to be thawed); else alive and frozen (or flagged): paused and frozen; alive
+  and running: running (the pause never answered).
 - resuming by thaw, alive: running; from disk with the image still there: paused (the
   restore's runtime is torn down).
 - creating, killing, and anything with neither a runtime nor an image: torn down.
@@ -80,11 +81,15 @@ def decide(record: SandboxRecord, observed: Observed | None, image_complete: boo
             return Action.FROZEN if alive else Action.TEARDOWN
         return Action.ON_DISK if image_complete else Action.TEARDOWN
     if state == S.PAUSING:
+        if image_complete:
+            # The spill's save finished: the image is the sandbox. The saved sentry lingers
+            # (paused) after a save without --leave-running and must never be thawed.
+            return Action.ON_DISK
         if alive:
             flagged = frozen(record.instance) or (observed is not None
                                                   and observed.status == "paused")
             return Action.FROZEN if flagged else Action.RUNNING
-        return Action.ON_DISK if image_complete else Action.TEARDOWN
+        return Action.TEARDOWN
     if state == S.RESUMING:
         if frozen(record.instance):
             return Action.RUNNING if alive else Action.TEARDOWN
@@ -191,6 +196,9 @@ async def _apply(node: Node, record: SandboxRecord, action: Action,
         log.info("tearing down sandbox %s left %s by a previous run", sid, record.state)
         if record.state != S.KILLING:
             record = await node.store.update(record, state=S.KILLING)
+        if instance is None and observed is not None:
+            # A create (a fork child) cut short before its record named its runtime.
+            await node.runtime.destroy(Instance(sid, observed.runtime_id, observed.pid, slot))
         await teardown(node, record)
         await node.store.delete(record)
         return

@@ -1,0 +1,367 @@
+"""kill -9 of the server in the middle of a pause, a snapshot or a fork, then a restart on the
+same home: recovery must leave nothing lost and nothing half-made.
+
+Each scenario starts an operation in a thread, kills the server while it is in flight (the
+trigger is the operation's own footprint, on disk or in the server log, so the kill lands
+inside it whatever the machine's speed), restarts, and checks the invariants of
+``orchestrator/recover.py`` from the outside, whichever branch the kill hit:
+
+- every sandbox that existed (was acknowledged) is still listed, running or paused; an
+  acknowledged pause stays paused; each one works (commands run with its original access
+  token, its files are intact), a paused one after ``Sandbox.connect`` resumes it;
+- every sandbox listed works (e.g. a fork child the crash interrupted is either gone or whole);
+- ``list_snapshots`` shows every acknowledged snapshot and only complete ones: each listed
+  snapshot starts a sandbox that has the source's files;
+- nothing is left in ``<home>/staging/``; ``<home>/paused/`` holds only images of paused
+  sandboxes (no ``.partial``);
+- no runsc process outlives the final stop.
+
+Run with ``AENV_TEST_SLOT_BASE`` set to a slot range of one's own when other servers run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2b import Sandbox, SandboxQuery, SandboxState
+
+from tests.conftest import free_port
+from tests.server.harness import (
+    NodeServer,
+    cleanup_home,
+    client_env,
+    kill_leaked,
+    start_server,
+)
+
+pytestmark = [pytest.mark.gvisor, pytest.mark.slow]
+
+MARK = "/home/user/mark"
+LIVE = [SandboxState.RUNNING, SandboxState.PAUSED]
+#: How long an in-flight request may take to notice the server is gone.
+ORPHANED_CALL_S = 30.0
+
+
+class CrashableNode:
+    """One server home across crashes: ``kill9`` kills the server with SIGKILL, ``restart``
+    starts a new one on the same home, port, slot range and settings."""
+
+    def __init__(self, **settings: str) -> None:
+        # A restore that never answers (a broken memory image) fails in 15 s, not 30.
+        self.settings = {"envd_ready_timeout_s": "15", **settings}
+        self.server: NodeServer = start_server(free_port(), **self.settings)
+        self.home = self.server.home
+        self.slots = {k: self.server.env[f"AENV_{k.upper()}"]
+                      for k in ("net_first_index", "net_last_index")}
+        self._log_offset = 0
+        os.environ.update(client_env(self.server))
+        os.environ.pop("E2B_DEBUG", None)
+
+    @property
+    def staging(self) -> Path:
+        return self.home / "staging"
+
+    @property
+    def paused_dir(self) -> Path:
+        return self.home / "paused"
+
+    def kill9(self) -> None:
+        self.server.kill9()
+
+    def restart(self) -> None:
+        assert self.server.process.poll() is not None, "kill the server first"
+        self._log_offset = len(self.server.log())
+        self.server = start_server(self.server.port, home=self.home,
+                                   **{**self.settings, **self.slots})
+
+    def log_since_restart(self) -> str:
+        return self.server.log()[self._log_offset:]
+
+
+@contextlib.contextmanager
+def crashable(**settings: str) -> Iterator[CrashableNode]:
+    saved = dict(os.environ)
+    node = CrashableNode(**settings)
+    failed = True
+    leaked: list[int] = []
+    try:
+        yield node
+        failed = False
+    finally:
+        if node.server.process.poll() is None:
+            with contextlib.suppress(Exception):  # never hide the test's own failure
+                _kill_all()
+        node.server.stop()
+        leaked = kill_leaked(node.home)
+        os.environ.clear()
+        os.environ.update(saved)
+        log = node.server.log()
+        if failed or leaked or "Traceback" in log:
+            print(f"server log ({node.home}):\n" + log[-12000:])
+        cleanup_home(node.home)
+    assert not leaked, f"runsc processes outlived the server: {leaked}"
+
+
+def _listed() -> dict[str, SandboxState]:
+    found: dict[str, SandboxState] = {}
+    paginator = Sandbox.list(query=SandboxQuery(state=LIVE), limit=100)
+    while paginator.has_next:
+        for info in paginator.next_items():
+            found[info.sandbox_id] = info.state
+    return found
+
+
+def _snapshots() -> list[str]:
+    found: list[str] = []
+    paginator = Sandbox.list_snapshots(limit=100)
+    while paginator.has_next:
+        found.extend(s.snapshot_id for s in paginator.next_items())
+    return found
+
+
+def _kill_all() -> None:
+    for sandbox_id in _listed():
+        with contextlib.suppress(Exception):
+            Sandbox.kill(sandbox_id)
+
+
+def _with_mark(mark: str) -> Sandbox:
+    sbx = Sandbox.create(timeout=600)
+    sbx.files.write(MARK, mark)
+    return sbx
+
+
+def _poll(condition: Callable[[], bool], timeout: float, what: str,
+          call: Future[Any] | None = None) -> None:
+    """Wait for ``condition``; give up early (quietly) once ``call`` has finished."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if call is not None and call.done():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout}s")
+        time.sleep(0.005)
+
+
+def _entries(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except FileNotFoundError:
+        return []
+
+
+def _outcomes(futures: list[Future[Any]]) -> list[Any]:
+    """The result of each call the crash cut short, or the exception it met."""
+    _, pending = wait(futures, timeout=ORPHANED_CALL_S)
+    assert not pending, "a request to the killed server did not end"
+    out = []
+    for future in futures:
+        exc = future.exception()
+        out.append(exc if exc is not None else future.result())
+    return out
+
+
+def _settle_spills(node: CrashableNode, timeout: float = 60.0) -> None:
+    """With ``pause_hot_s=0`` recovery re-schedules the spill of every sandbox it found
+    frozen; let those finish (the log line comes after the runtime is freed) so the checks see
+    a quiet node."""
+    log = node.log_since_restart()
+    frozen = re.findall(r"re-attached sandbox (\w+) \(frozen\)", log)
+
+    def quiet() -> bool:
+        text = node.log_since_restart()
+        return (not any(e.endswith(".partial") for e in _entries(node.paused_dir))
+                and all(f"paused {sid} to disk" in text for sid in frozen))
+
+    with contextlib.suppress(TimeoutError):
+        _poll(quiet, timeout, "the re-scheduled spills")
+
+
+def check_recovered(
+    node: CrashableNode,
+    acknowledged: dict[str, Sandbox],
+    marks: dict[str, str],
+    *,
+    paused: set[str] | None = None,
+    snapshots: dict[str, str] | None = None,
+    snapshot_mark: str | None = None,
+    unacknowledged_mark: str | None = None,
+) -> None:
+    """Assert the invariants after a crash and restart (see the module docstring).
+
+    ``acknowledged``: sandboxes the client was told exist, as its original handles (with the
+    access token it was given); ``marks``: the content of ``MARK`` in each; ``paused``: those
+    whose pause was acknowledged; ``snapshots``: acknowledged snapshot → the mark sandboxes
+    made from it have; ``snapshot_mark``: the mark of a snapshot committed but never
+    acknowledged (None: there must be none); ``unacknowledged_mark``: the mark of a sandbox
+    the client never heard of, e.g. a fork child of a fork the crash cut short (None: there
+    must be none).
+    """
+    # Nothing half-written survives a restart: the repository sweeps staging at start.
+    assert _entries(node.staging) == [], "staging leftovers after the restart"
+    _settle_spills(node)
+
+    listed = _listed()
+    lost = set(acknowledged) - set(listed)
+    assert not lost, f"sandboxes lost in the crash: {lost} (listed: {listed})"
+    for sid in paused or ():
+        assert listed[sid] == SandboxState.PAUSED, f"the acknowledged pause of {sid} was undone"
+    if unacknowledged_mark is None:
+        assert set(listed) == set(acknowledged), "sandboxes nobody created are listed"
+
+    # Memory images belong to paused sandboxes only, and none is half-made.
+    images = _entries(node.paused_dir)
+    assert not [e for e in images if e.endswith(".partial")], images
+    strays = {e for e in images if listed.get(e) != SandboxState.PAUSED}
+    assert not strays, f"memory images of no paused sandbox: {strays}"
+
+    for sid, state in listed.items():
+        again = Sandbox.connect(sid, timeout=600, retries=0)  # resumes a paused one
+        handle = acknowledged.get(sid, again)
+        # Same access token as before the crash: the original handle still opens it.
+        assert again._envd_access_token == handle._envd_access_token, sid
+        assert handle.files.read(MARK) == marks.get(sid, unacknowledged_mark), (sid, state)
+        assert handle.commands.run("echo ok", timeout=30).stdout == "ok\n", (sid, state)
+        assert Sandbox.get_info(sid).state == SandboxState.RUNNING, sid
+
+    listed_snapshots = _snapshots()
+    missing = set(snapshots or {}) - set(listed_snapshots)
+    assert not missing, f"acknowledged snapshots lost: {missing}"
+    if snapshot_mark is None:
+        assert set(listed_snapshots) == set(snapshots or {}), "snapshots nobody took are listed"
+    for snapshot_id in listed_snapshots:
+        child = Sandbox.create(snapshot_id, timeout=60)
+        try:
+            expected = (snapshots or {}).get(snapshot_id, snapshot_mark)
+            assert child.files.read(MARK) == expected, snapshot_id
+            assert child.commands.run("echo ok", timeout=30).stdout == "ok\n", snapshot_id
+        finally:
+            child.kill()
+
+
+# -- scenarios --------------------------------------------------------------------------------
+
+
+def _new_staging(node: CrashableNode, before: set[str], prefix: str = "") -> list[str]:
+    return [e for e in _entries(node.staging) if e not in before and e.startswith(prefix)]
+
+
+Trigger = Callable[[CrashableNode, set[str], str, Future[Any]], None]
+
+
+def _mid_checkpoint(node: CrashableNode, before: set[str], prefix: str,
+                    call: Future[Any]) -> None:
+    """The staging directory appears just before ``runsc checkpoint`` starts writing into it;
+    a save takes a few hundred ms."""
+    _poll(lambda: bool(_new_staging(node, before, prefix)), 20, "the staging directory", call)
+    time.sleep(0.05)
+
+
+def _mid_commit(node: CrashableNode, before: set[str], prefix: str,
+                call: Future[Any]) -> None:
+    """``manifest.json`` is written once the image is complete, just before the staged tree
+    is fsynced and renamed into the repository (if that was quicker than the poll, the kill
+    lands right after the commit, which must then survive)."""
+    seen: set[str] = set()
+
+    def manifest_or_renamed() -> bool:
+        staged = _new_staging(node, before, prefix)
+        if seen - set(staged):
+            return True  # renamed away between two looks
+        seen.update(staged)
+        return any((node.staging / e / "manifest.json").exists() for e in staged)
+
+    _poll(manifest_or_renamed, 20, "the commit", call)
+
+
+def test_kill9_during_snapshot() -> None:
+    with crashable(warm_pool_size="0") as node:
+        source = _with_mark("snapshot-source")
+        bystander = _with_mark("bystander")
+        first = source.create_snapshot()  # committed before any crash: must survive them
+        sandboxes = {source.sandbox_id: source, bystander.sandbox_id: bystander}
+        marks = {source.sandbox_id: "snapshot-source", bystander.sandbox_id: "bystander"}
+        acked = {first.snapshot_id: "snapshot-source"}
+
+        kill_whens: list[Trigger] = [_mid_checkpoint, _mid_commit]
+        for kill_when in kill_whens:
+            before = set(_entries(node.staging))
+            with ThreadPoolExecutor(1) as pool:
+                call = pool.submit(source.create_snapshot)
+                kill_when(node, before, "snap", call)
+                node.kill9()
+                [outcome] = _outcomes([call])
+            node.restart()
+            if not isinstance(outcome, BaseException):
+                acked[outcome.snapshot_id] = "snapshot-source"
+            check_recovered(node, sandboxes, marks, snapshots=acked,
+                            snapshot_mark="snapshot-source")
+
+
+def _first_child_restored(node: CrashableNode, before: set[str], prefix: str,
+                          call: Future[Any]) -> None:
+    """Past the checkpoint, into the children's restores (no warm pool: every restore logged
+    from now on is a child's; the others are still restoring)."""
+    _poll(lambda: bool(_new_staging(node, before, prefix)), 20, "the fork's staging", call)
+    offset = len(node.server.log())
+    _poll(lambda: "restored sandbox" in node.server.log()[offset:], 20, "a child", call)
+
+
+def test_kill9_during_fork() -> None:
+    with crashable(warm_pool_size="0") as node:
+        source = _with_mark("fork-source")
+        acknowledged = {source.sandbox_id: source}
+
+        kill_whens: list[Trigger] = [_mid_checkpoint, _first_child_restored]
+        for kill_when in kill_whens:
+            before = set(_entries(node.staging))
+            with ThreadPoolExecutor(1) as pool:
+                call = pool.submit(source.fork, count=4, timeout=600)
+                kill_when(node, before, "fork-", call)
+                node.kill9()
+                [outcome] = _outcomes([call])
+            node.restart()
+            if not isinstance(outcome, BaseException):
+                acknowledged.update({c.sandbox_id: c for c in outcome if isinstance(c, Sandbox)})
+            check_recovered(node, acknowledged, {sid: "fork-source" for sid in acknowledged},
+                            unacknowledged_mark="fork-source")
+
+
+def _mid_spill(node: CrashableNode) -> None:
+    """pause answers once frozen; with ``pause_hot_s=0`` the spill starts at once and
+    checkpoints into ``<id>.partial``: kill once a checkpoint is writing there (the other
+    sandboxes' spills are wherever they are then: not started, starting, writing)."""
+
+    def writing() -> bool:
+        return any(e.endswith(".partial") and (node.paused_dir / e / "checkpoint.img").exists()
+                   for e in _entries(node.paused_dir))
+
+    _poll(writing, 20, "a spill's checkpoint")
+
+
+def test_kill9_during_pause_spill() -> None:
+    with crashable(pause_hot_s="0") as node:
+        sandboxes = [_with_mark(f"paused-{i}") for i in range(3)]
+        bystander = _with_mark("bystander")
+        marks = {s.sandbox_id: f"paused-{i}" for i, s in enumerate(sandboxes)}
+        marks[bystander.sandbox_id] = "bystander"
+
+        with ThreadPoolExecutor(len(sandboxes)) as pool:
+            calls = [pool.submit(s.pause) for s in sandboxes]
+            _mid_spill(node)
+            node.kill9()
+            outcomes = _outcomes(calls)
+
+        node.restart()
+        acked_paused = {s.sandbox_id for s, o in zip(sandboxes, outcomes, strict=True)
+                        if o is True}
+        check_recovered(node, {s.sandbox_id: s for s in [*sandboxes, bystander]}, marks,
+                        paused=acked_paused)
