@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,8 @@ class StreamRegistry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, set[asyncio.Task[object]]] = {}
+        #: Tasks cancelled by ``abort`` (not by a server shutdown), until they notice.
+        self._aborted: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
 
     def add(self, sandbox_id: str, task: asyncio.Task[object]) -> None:
         self._tasks.setdefault(sandbox_id, set()).add(task)
@@ -54,8 +57,16 @@ class StreamRegistry:
     def abort(self, sandbox_id: str) -> int:
         tasks = self._tasks.pop(sandbox_id, set())
         for task in tasks:
+            self._aborted.add(task)
             task.cancel()
         return len(tasks)
+
+    def was_aborted(self, task: asyncio.Task[object]) -> bool:
+        """True once for a task ``abort`` cancelled; the caller then un-cancels it."""
+        if task in self._aborted:
+            self._aborted.discard(task)
+            return True
+        return False
 
     def count(self, sandbox_id: str) -> int:
         return len(self._tasks.get(sandbox_id, ()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import httpx
@@ -54,6 +55,13 @@ class Proxy:
             return None
         return record
 
+    async def _cut(self, scope: Scope, receive: Receive, send: Send, sandbox_id: str) -> None:
+        with contextlib.suppress(Exception):  # the response may have started: then just end
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1012})
+            else:
+                await errors.sandbox_not_found(sandbox_id)(scope, receive, send)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
         record = None
         if is_sandbox_id(target.sandbox_id):
@@ -98,6 +106,13 @@ class Proxy:
             )
         except forward.ClientDisconnected:
             return
+        except asyncio.CancelledError:
+            if not self.node.streams.was_aborted(task):
+                raise  # the server is shutting down
+            # The sandbox was killed, paused or checkpointed under this request: end it as a
+            # proxy does, not with a traceback and a 500.
+            task.uncancel()
+            await self._cut(scope, receive, send, record.sandbox_id)
         except OSError:
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1011})

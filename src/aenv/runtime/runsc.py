@@ -48,7 +48,9 @@ DELETE_TIMEOUT_S = 30.0
 EXEC_TIMEOUT_S = 60.0
 
 #: What runsc prints when it has no such container (state file missing).
-_NOT_FOUND = re.compile(r"loading (container|sandbox)[^:\n]*: file does not exist")
+_NOT_FOUND = re.compile(
+    r"loading (container|sandbox)[^:\n]*: (file does not exist|open [^\n]*: no such file)"
+)
 #: The shell that ``unshare`` runs: hide /proc/sys/net, then become runsc with our stdio.
 #: Positional args: $1 = output file, $2… = the runsc argv (no quoting games).
 _NETNS_WORKAROUND = (

@@ -20,7 +20,7 @@ import logging
 import shutil
 import time
 
-from aenv.core.errors import Conflict, FailedPrecondition
+from aenv.core.errors import Conflict, FailedPrecondition, NotFound
 from aenv.core.states import SandboxState
 from aenv.network.base import NetSlot
 from aenv.orchestrator.context import Node
@@ -51,6 +51,8 @@ async def resume(
         record = await settled(node, sandbox_id)
         if record.state == SandboxState.RUNNING:
             return await set_timeout(node, sandbox_id, seconds, allow_shorter=False), False
+        if record.state == SandboxState.KILLING:
+            raise NotFound(f"sandbox {sandbox_id} not found")
         if record.state != SandboxState.PAUSED:
             raise Conflict(f"sandbox {sandbox_id} is {record.state}")
         try:
