@@ -12,19 +12,28 @@ import contextlib
 import logging
 
 from aenv.core.errors import AenvError
+from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops.kill import kill
 from aenv.orchestrator.ops.pause import pause
 
 log = logging.getLogger("aenv.orchestrator.ttl")
 
+#: A kill still unfinished this long after it began failed half-way: try it again.
+KILL_RETRY_S = 30.0
+
 
 async def expire_once(node: Node) -> list[str]:
-    """Pause or kill every running sandbox whose end time has passed; returns their ids."""
-    expired = await node.store.expired(node.clock())
+    """Pause or kill every running sandbox whose end time has passed, and finish kills that
+    failed (e.g. a timed-out nft call on an overloaded node); returns their ids."""
+    now = node.clock()
+    stuck = [r for r in await node.store.list([SandboxState.KILLING])
+             if now - r.state_changed_at > KILL_RETRY_S]
+    expired = [*await node.store.expired(now), *stuck]
     ids = [r.sandbox_id for r in expired]
     results = await asyncio.gather(
-        *((pause(node, r.sandbox_id) if r.auto_pause else kill(node, r.sandbox_id))
+        *((pause(node, r.sandbox_id)
+           if r.auto_pause and r.state == SandboxState.RUNNING else kill(node, r.sandbox_id))
           for r in expired),
         return_exceptions=True,
     )

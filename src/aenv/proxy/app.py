@@ -15,11 +15,15 @@ from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode
 from aenv.orchestrator.ops.resume import resume
+from aenv.orchestrator.ops.settle import settled
 from aenv.proxy import errors, forward, websocket
 from aenv.proxy.routing import Target
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.proxy")
+
+#: States a running sandbox passes through and comes back from by itself.
+_PASSING = (SandboxState.SNAPSHOTTING, SandboxState.FORKING, SandboxState.RESUMING)
 
 
 class Proxy:
@@ -66,6 +70,10 @@ class Proxy:
         record = None
         if is_sandbox_id(target.sandbox_id):
             record = await self.node.store.get(target.sandbox_id)
+        if record is not None and record.state in _PASSING:
+            # The sandbox runs on once its memory is saved (or restored): wait, do not 502.
+            with contextlib.suppress(AenvError):
+                record = await settled(self.node, record.sandbox_id)
         if (record is not None and record.auto_resume
                 and record.state in (SandboxState.PAUSED, SandboxState.PAUSING)):
             record = await self._auto_resume(record.sandbox_id)
