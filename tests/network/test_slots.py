@@ -152,3 +152,4 @@ async def _until(condition: object, timeout: float = 10.0) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
+

@@ -123,9 +123,9 @@ async def test_a_failed_checkpoint_removes_its_directory(
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-@pytest.mark.xfail(strict=True, reason="runsc 20240729: a restore of an image saved with a "
-                   "connected guest endpoint gets an envd that never answers (why the "
-                   "orchestrator quiesces connections before every checkpoint)")
+@pytest.mark.xfail(reason="runsc 20240729: a restore of an image saved with a connected guest "
+                   "endpoint often gets an envd that never answers (not always: the reason "
+                   "the orchestrator quiesces connections before every checkpoint)")
 async def test_restore_answers_after_a_checkpoint_with_an_open_connection(
     sandboxes: SandboxFactory, tmp_path: Path
 ) -> None:

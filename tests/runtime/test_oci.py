@@ -33,8 +33,11 @@ def config(**kwargs: Any) -> dict[str, Any]:
 def test_envd_is_the_init_process_with_the_spec_arguments() -> None:
     process = config()["process"]
     assert process["args"] == [
-        "/opt/aenv/envd/bin/envd", "--port", "49983", "--host", "0.0.0.0", "--user", "user"
+        "/opt/aenv/envd/bin/envd", "--port", "49983", "--host", "0.0.0.0", "--remount-proc",
+        "--user", "user",
     ]
+    # Restores find a container's saved host FDs by this name (see oci.CONTAINER_NAME).
+    assert config()["annotations"][oci.CONTAINER_NAME_ANNOTATION] == oci.CONTAINER_NAME
     assert process["user"] == {"uid": 0, "gid": 0}
     assert "FOO=bar" in process["env"] and any(e.startswith("PATH=") for e in process["env"])
 

@@ -31,6 +31,9 @@ class NetSlot:
     gateway_ip: str = GATEWAY_IP
     prefix_len: int = PREFIX_LEN
     guest_mac: str = GUEST_MAC
+    #: Which lease of the index this is (set by the pool's ``acquire``): a late ``release``
+    #: of an earlier lease must not destroy the slot of the sandbox that has it now.
+    lease: str = ""
 
 
 @dataclass(frozen=True)

@@ -102,8 +102,11 @@ async def open_socket(
     On success: the caller owns the socket and closes it.
     On failure: raises ``Unavailable`` (refused, timed out, veth gone); no socket leaks.
     """
+    try:
+        sock = bound_socket(slot)
+    except OSError as exc:  # the veth is gone (ENODEV): the slot was released
+        raise Unavailable(f"the sandbox on {slot.host_ifname} is unreachable: {exc!r}") from exc
     gate = _GATES.setdefault(slot.host_ifname, _Gate())
-    sock = bound_socket(slot)
     try:
         async with asyncio.timeout(timeout):
             await gate.open.wait()  # a checkpoint is being taken: start afterwards

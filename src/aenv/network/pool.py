@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aenv.core.errors import AenvError, Internal, InvalidArgument, NotFound, ResourceExhausted
 from aenv.network import nft, slots
@@ -135,6 +136,7 @@ class SlotPool:
             self._wake.set()
         if slot is None:
             slot = await self._create()
+        slot = replace(slot, lease=secrets.token_hex(8))
         self._leased[slot.index] = slot
         try:
             if policy is not None and policy != self.config.default_egress:
@@ -151,6 +153,13 @@ class SlotPool:
         On success: its netns, veth, route and nft entries are gone and the index is free.
         On failure: raises ``Internal``; the index stays out of use until ``sweep``.
         """
+        current = self._leased.get(slot.index)
+        if (current is not None and current.lease != slot.lease) or any(
+            ready.index == slot.index for ready in self._ready
+        ):
+            # Released before and made again for someone else: this release is stale.
+            log.warning("ignored a stale release of slot %d", slot.index)
+            return
         self._leased.pop(slot.index, None)
         await self._destroy(slot.index)
 
