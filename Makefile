@@ -26,10 +26,12 @@ test: deps
 	$(BIN)/mypy
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# envd alone (bubblewrap), then the node server with real gVisor sandboxes (needs root).
+# envd alone (bubblewrap), then the node server with real gVisor sandboxes (needs root), then
+# the sandbox lifecycle: create from template, pause/resume, snapshot, fork (15-20 min here).
 bench: deps bundle
 	$(BIN)/python -m bench.envd_bench
 	$(BIN)/python -m bench.node_bench
+	$(BIN)/python -m bench.lifecycle_bench
 
 lint: deps
 	$(BIN)/ruff check src tests bench
