@@ -87,9 +87,11 @@ def _slot_range() -> dict[str, str]:
     """A network slot range of its own for each test server: two servers sharing slots would
     sweep each other's network namespaces at start."""
     global _servers_started
-    # AENV_TEST_SLOT_BASE: a range of 1,000 slots of one's own (parallel test sessions).
-    base = int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 20) * 1_000))
-    first = base + (_servers_started % 10) * 100
+    # 40 ranges of 100 slots per test session (a session starts ~15 servers; ranges must never
+    # wrap onto a server that still runs: its start-up sweep would delete that one's netns).
+    # AENV_TEST_SLOT_BASE: a block of 4,000 slots of one's own (parallel test sessions).
+    base = int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 5) * 4_000))
+    first = base + (_servers_started % 40) * 100
     _servers_started += 1
     return {"net_first_index": str(first), "net_last_index": str(first + 99)}
 

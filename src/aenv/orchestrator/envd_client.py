@@ -51,7 +51,18 @@ class EnvdClient:
     ) -> None:
         """Hand envd its identity. ``current_token``: the token envd already holds (a sandbox
         restored from another one's memory), which authorises the change."""
-        response = await self._http.post(
+        try:
+            response = await self._post_init(token, env_vars, user, workdir, current_token)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"envd /init failed: {exc!r}") from exc
+        if response.status_code != 204:
+            raise Unavailable(f"envd /init failed: {response.status_code} {response.text}")
+
+    async def _post_init(
+        self, token: str, env_vars: dict[str, str], user: str, workdir: str,
+        current_token: str | None,
+    ) -> httpx.Response:
+        return await self._http.post(
             "/init",
             json={
                 "accessToken": token,
@@ -61,8 +72,6 @@ class EnvdClient:
             },
             headers={"X-Access-Token": current_token or token},
         )
-        if response.status_code != 204:
-            raise Unavailable(f"envd /init failed: {response.status_code} {response.text}")
 
     async def metrics(self, token: str) -> dict[str, Any]:
         response = await self._http.get("/metrics", headers={"X-Access-Token": token})
