@@ -23,6 +23,7 @@ import itertools
 import os
 import posixpath
 import secrets
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -52,6 +53,8 @@ _TYPES: tuple[tuple[int, pb.EventType], ...] = (
 #: A polled watcher nobody polls must not grow without bound; past this it reports an error
 #: (like an inotify queue overflow) instead of silently dropping events.
 MAX_PENDING_EVENTS = 100_000
+#: How long a scan's CREATE for a path hides the kernel's own CREATE for it.
+SYNTHESIZED_TTL_S = 2.0
 
 
 class Watcher:
@@ -67,7 +70,9 @@ class Watcher:
         self._last: tuple[str, pb.EventType] | None = None
         self._paths: dict[int, str] = {}
         self._moved_dirs: dict[int, str] = {}
-        self._synthesized: set[str] = set()
+        #: Paths reported as CREATE by a scan → when: the kernel's own CREATE for such a path
+        #: may still be queued, in this read or a later one, and must not be reported twice.
+        self._synthesized: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         try:
             self._inotify = INotify(nonblocking=True)
@@ -107,7 +112,7 @@ class Watcher:
             if synthesize:
                 for name in itertools.chain(dirnames, filenames):
                     full = posixpath.join(dirpath, name)
-                    self._synthesized.add(full)
+                    self._synthesized[full] = time.monotonic()
                     self._emit(full, pb.EventType.CREATE)
             for name in dirnames:
                 try:
@@ -134,7 +139,9 @@ class Watcher:
                 self._fail(Internal(f"reading inotify events: {exc.strerror}"))
         finally:
             self._forget_moved_out()
-            self._synthesized.clear()
+            horizon = time.monotonic() - SYNTHESIZED_TTL_S
+            for path in [p for p, at in self._synthesized.items() if at < horizon]:
+                del self._synthesized[path]
         if len(self._pending) > MAX_PENDING_EVENTS:
             self._fail(Internal("too many undelivered watch events; recreate the watcher"))
         if self._pending or self.error is not None:
@@ -169,7 +176,7 @@ class Watcher:
         full = posixpath.join(base, name) if name else base
         reported = mask
         if reported & flags.CREATE and full in self._synthesized:
-            self._synthesized.discard(full)
+            del self._synthesized[full]
             reported &= ~flags.CREATE
         for bits, kind in _TYPES:
             if reported & bits:
