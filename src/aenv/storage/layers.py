@@ -31,9 +31,7 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -42,6 +40,7 @@ from typing import Any
 
 from aenv.core import proc
 from aenv.core.errors import AenvError, FailedPrecondition, InvalidArgument, NotFound
+from aenv.storage.files import fsync_dirs, listdir, rmtree
 from aenv.storage.mounts import mounts_under
 
 _LAYER_ID = re.compile(r"^[0-9a-f]{64}$")
@@ -219,7 +218,7 @@ class LayerStore:
                 # Best effort: the build's own error is the one to report; whatever cannot
                 # be removed now (e.g. a mount left inside) is swept by clean_staging.
                 with contextlib.suppress(AenvError, OSError):
-                    await asyncio.to_thread(_rmtree, path)
+                    await asyncio.to_thread(rmtree, path)
                 raise
             # On cancellation (BaseException) the tree stays for clean_staging: removing a big
             # tree must not delay the cancelled caller.
@@ -245,7 +244,7 @@ class LayerStore:
         check_layer_id(layer_id)
         staging_dir = Path(staging_dir)
         if self.has(layer_id):
-            await asyncio.to_thread(_rmtree, staging_dir)
+            await asyncio.to_thread(rmtree, staging_dir)
             return self.get(layer_id)
         if not staging_dir.is_dir():
             raise FailedPrecondition(f"staging directory {staging_dir} does not exist")
@@ -262,10 +261,10 @@ class LayerStore:
                     f"staging directory {staging_dir} is not on the filesystem of {self.root}"
                 ) from exc
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and self.has(layer_id):
-                await asyncio.to_thread(_rmtree, staging_dir)  # lost the race: same content
+                await asyncio.to_thread(rmtree, staging_dir)  # lost the race: same content
                 return self.get(layer_id)
             raise
-        _fsync_dir(self.root)
+        fsync_dirs(self.root)
         return Layer(layer_id, final, meta)
 
     async def remove(self, layer_id: str) -> bool:
@@ -292,7 +291,7 @@ class LayerStore:
             return False
         with contextlib.suppress(FileNotFoundError):
             self._meta_path(layer_id).unlink()
-        await asyncio.to_thread(_rmtree, doomed)
+        await asyncio.to_thread(rmtree, doomed)
         return True
 
     async def clean_staging(self) -> int:
@@ -312,7 +311,7 @@ class LayerStore:
             for path, _ in leftovers:
                 for mount_point in mounts_under(path):
                     await proc.run(["umount", "--lazy", mount_point], timeout=30.0)
-                await asyncio.to_thread(_rmtree, path)
+                await asyncio.to_thread(rmtree, path)
                 removed += 1
         finally:
             for _, fd in leftovers:
@@ -349,7 +348,7 @@ def _lock_leftovers(root: Path) -> list[tuple[Path, int]]:
     """Leftover trees, each with the flock we now hold on it (-1 where none is needed)."""
     found: list[tuple[Path, int]] = []
     staging_root = root / _STAGING
-    for entry in _listdir(staging_root):
+    for entry in listdir(staging_root):
         path = staging_root / entry
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -365,40 +364,12 @@ def _lock_leftovers(root: Path) -> list[tuple[Path, int]]:
             continue
         found.append((path, fd))
     trash_root = root / _TRASH
-    found.extend((trash_root / entry, -1) for entry in _listdir(trash_root))
+    found.extend((trash_root / entry, -1) for entry in listdir(trash_root))
     return found
 
 
-def _listdir(path: Path) -> list[str]:
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
 
 
-def _rmtree(path: Path) -> None:
-    """Remove a tree; a concurrent remover having been faster is not an error."""
-
-    def on_error(func: Any, p: str, exc: BaseException) -> None:
-        if isinstance(exc, FileNotFoundError):
-            return
-        raise exc
-
-    if not os.path.lexists(path):
-        return
-    # Deleting through a mount point would delete another filesystem's files (as root: /dev,
-    # anything); callers detach mounts first, this is the safety net.
-    inside = mounts_under(path)
-    if inside:
-        raise FailedPrecondition(f"refusing to delete {path}: mounted inside it: {inside}")
-    if os.path.islink(path) or not os.path.isdir(path):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=on_error)
-    else:
-        shutil.rmtree(path, onerror=lambda func, p, info: on_error(func, p, info[1]))
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
@@ -409,12 +380,3 @@ def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     tmp.replace(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    # Make the rename durable: a layer that was reported committed must survive a power cut.
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

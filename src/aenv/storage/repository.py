@@ -28,23 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import errno
 import logging
 import os
 import re
 import secrets
-import shutil
 import stat
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from aenv.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from aenv.storage.mounts import mounts_under
+from aenv.storage.files import fsync_dirs, listdir, rmtree
 
 log = logging.getLogger("aenv.storage.repository")
 
@@ -186,13 +183,13 @@ class SnapshotRepository:
             directory.mkdir(parents=True, exist_ok=True)
         removed: list[str] = []
         for parent in (self.staging, self._trash_dir):
-            for name in sorted(_listdir(parent)):
+            for name in sorted(listdir(parent)):
                 path = parent / name
-                _rmtree(path)
+                rmtree(path)
                 removed.append(str(path))
                 log.info("removed leftover %s", path)
         index: dict[str, Snapshot] = {}
-        for name in sorted(_listdir(self._snapshots_dir)):
+        for name in sorted(listdir(self._snapshots_dir)):
             snapshot = self._load(name)
             if snapshot is not None:
                 index[name] = snapshot
@@ -294,7 +291,7 @@ class SnapshotRepository:
             self._committing.discard(snapshot_id)
         # Make the rename durable: a snapshot reported committed must survive a power cut. (The
         # staging side only matters for tidiness: start() sweeps whatever reappears there.)
-        await asyncio.to_thread(_fsync_dirs, self._snapshots_dir, self.staging)
+        await asyncio.to_thread(fsync_dirs, self._snapshots_dir, self.staging)
         log.info("committed snapshot %s", snapshot_id)
         return snapshot
 
@@ -317,7 +314,7 @@ class SnapshotRepository:
         """
         check_snapshot_id(staged.snapshot_id)
         self._check_staged(staged)
-        await asyncio.to_thread(_rmtree, staged.path)
+        await asyncio.to_thread(rmtree, staged.path)
 
     async def delete(self, snapshot_id: str) -> None:
         """Delete snapshot ``snapshot_id``.
@@ -347,8 +344,8 @@ class SnapshotRepository:
         del self._index[snapshot_id]
         log.info("deleted snapshot %s", snapshot_id)
         try:
-            await asyncio.to_thread(_fsync_dirs, self._snapshots_dir, self._trash_dir)
-            await asyncio.to_thread(_rmtree, doomed)
+            await asyncio.to_thread(fsync_dirs, self._snapshots_dir, self._trash_dir)
+            await asyncio.to_thread(rmtree, doomed)
         except (OSError, FailedPrecondition) as exc:
             log.warning("could not remove %s (start() will): %s", doomed, exc)
 
@@ -457,45 +454,4 @@ def _fsync_tree(root: Path) -> None:
                 os.close(fd)
         # A directory's fsync makes its entries durable; the rename that publishes the tree
         # comes after every one of these, so the order among them does not matter.
-        _fsync_dirs(Path(dirpath))
-
-
-def _fsync_dirs(*paths: Path) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _listdir(path: Path) -> list[str]:
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
-
-
-def _rmtree(path: Path) -> None:
-    """Remove a tree (or a file); it being gone already is not an error."""
-
-    def on_error(func: Any, p: str, exc: BaseException) -> None:
-        if isinstance(exc, FileNotFoundError):
-            return
-        raise exc
-
-    if not os.path.lexists(path):
-        return
-    # Deleting through a mount point would delete another filesystem's files; nothing should be
-    # mounted in a snapshot, this is the safety net.
-    inside = mounts_under(path)
-    if inside:
-        raise FailedPrecondition(f"refusing to delete {path}: mounted inside it: {inside}")
-    if os.path.islink(path) or not os.path.isdir(path):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=on_error)
-    else:
-        shutil.rmtree(path, onerror=lambda func, p, info: on_error(func, p, info[1]))
+        fsync_dirs(Path(dirpath))
