@@ -221,7 +221,7 @@ def test_layout_and_manifest(bundle_info: BundleInfo) -> None:
     assert (bundle / "lib" / manifest.loader).is_file()
     site = next((bundle / "lib").glob("python3.*/site-packages"))
     shipped = {p.name for p in site.iterdir()}
-    for needed in ("aenv", "connectrpc", "protobuf", "uvicorn", "uvloop", "httptools", "starlette"):
+    for needed in ("aenv", "connectrpc", "protobuf", "uvicorn", "httptools", "starlette"):
         assert needed in shipped
     for host_only in ("typer", "rich", "pydantic", "e2b", "pytest"):
         assert host_only not in shipped

@@ -500,6 +500,34 @@ def test_fork(counting: tuple[Sandbox, CommandHandle, str], count: int) -> None:
     _check_fork(source, handle, nonce, count)
 
 
+def _envd_cpu_ticks(sbx: Sandbox) -> int:
+    """envd's user + system CPU time so far, in clock ticks (100 per second)."""
+    out = sbx.commands.run("cut -d' ' -f14,15 /proc/1/stat").stdout.split()
+    return int(out[0]) + int(out[1])
+
+
+@pytest.mark.slow
+def test_forks_of_a_sandbox_that_ran_many_concurrent_commands_idle(server: NodeServer) -> None:
+    """Regression: after a few hundred concurrent commands, gVisor restored envd's epoll with
+    interests in closed pipes, and every child's envd spun a core (envd/eventloop.py)."""
+    sbx = Sandbox.create(timeout=300)
+    children: list[Sandbox | Exception] = []
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            codes = list(pool.map(lambda _: sbx.commands.run("true").exit_code, range(400)))
+        assert codes == [0] * 400
+        children = sbx.fork(count=2, timeout=120)
+        kids = [c for c in children if isinstance(c, Sandbox)]
+        assert len(kids) == 2, children
+        for sandbox in [sbx, *kids]:
+            before = _envd_cpu_ticks(sandbox)
+            time.sleep(2.0)
+            used = _envd_cpu_ticks(sandbox) - before
+            assert used < 50, f"envd of {sandbox.sandbox_id} used {used / 100:.2f} s CPU in 2 s"
+    finally:
+        kill_quietly(sbx, *children)
+
+
 def test_fork_of_a_killed_sandbox_is_an_error_per_child(server: NodeServer) -> None:
     sbx = Sandbox.create(timeout=60)
     sbx.kill()

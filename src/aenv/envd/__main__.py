@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 
 from aenv.envd import DEFAULT_PORT, ENVD_VERSION
@@ -28,6 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--version", action="version", version=ENVD_VERSION)
     args = parser.parse_args(argv)
+    # Debuggers cannot attach across gVisor; SIGUSR1 dumps every thread's stack to stderr
+    # (the sandbox's console.log) instead.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.remount_proc:
         from aenv.envd.procfs import remount_proc
 

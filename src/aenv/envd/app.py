@@ -14,7 +14,7 @@ from aenv.envd.filesystem.watch import WatcherRegistry
 from aenv.envd.gen.filesystem_connect import FilesystemASGIApplication
 from aenv.envd.gen.process_connect import ProcessASGIApplication
 from aenv.envd.http_files import download
-from aenv.envd.http_misc import envs, error_response, health, init, metrics
+from aenv.envd.http_misc import envs, error_response, health, init, metrics, restored
 from aenv.envd.http_upload import upload
 from aenv.envd.process.manager import ProcessManager
 from aenv.envd.process.service import ProcessService
@@ -26,8 +26,12 @@ UNAUTHORIZED = (
     "unauthorized access, please provide a valid access token or method signing if supported"
 )
 
-#: Requests that do not need ``X-Access-Token``: liveness, and /files (which may be signed).
-_OPEN = {("GET", "/health"), ("GET", "/files"), ("POST", "/files"), ("POST", "/init")}
+#: Requests that do not need ``X-Access-Token``: liveness (and its post-restore variant, which
+#: only renews envd's epoll instance), and /files (which may be signed).
+_OPEN = {
+    ("GET", "/health"), ("POST", "/restored"), ("GET", "/files"), ("POST", "/files"),
+    ("POST", "/init"),
+}
 
 #: Upper bound on a single unary RPC body; envd's messages are small.
 RPC_READ_MAX_BYTES = 64 * 1024 * 1024
@@ -53,6 +57,7 @@ class EnvdApp:
         self.http = Starlette(
             routes=[
                 Route("/health", health, methods=["GET"]),
+                Route("/restored", restored, methods=["POST"]),
                 Route("/files", download, methods=["GET"]),
                 Route("/files", upload, methods=["POST"]),
                 Route("/init", init, methods=["POST"]),

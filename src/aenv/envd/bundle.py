@@ -70,10 +70,10 @@ DROPPED_DIRS = frozenset({"test", "tests", "idle_test", "__pycache__"})
 DROPPED_SUFFIXES = (".pyc", ".pyo", ".pyi", ".c", ".h", ".pyx", ".pxd", ".pxi", ".exe")
 
 #: Distributions envd needs without an ``import`` statement naming them: uvicorn imports its
-#: loop and HTTP implementations from the strings in server.py's config, starlette imports
+#: HTTP implementation from a string in server.py's config, starlette imports
 #: python-multipart when a ``/files`` upload is parsed, and the filesystem watcher is built on
 #: inotify-simple.
-EXTRA_ROOT_DISTRIBUTIONS = ("uvloop", "httptools", "python-multipart", "inotify-simple")
+EXTRA_ROOT_DISTRIBUTIONS = ("httptools", "python-multipart", "inotify-simple")
 
 #: The aenv package ships as envd/ plus the aenv modules it imports, followed transitively, so
 #: host-side modules next to them (core/settings.py, cli/, orchestrator/) stay out.
@@ -521,8 +521,8 @@ async def _build_into(tmp: Path, sources: _Sources, say: Progress) -> Manifest:
 _CHECK = """
 import sys
 import aenv.envd.app, aenv.envd.server, aenv.envd.__main__
-import uvicorn.loops.uvloop, uvicorn.protocols.http.httptools_impl, uvicorn.lifespan.on
-import uvloop, httptools, ssl, hashlib
+import aenv.envd.eventloop, uvicorn.protocols.http.httptools_impl, uvicorn.lifespan.on
+import httptools, ssl, hashlib
 root = sys.argv[1].rstrip("/") + "/"
 outside = set()
 with open("/proc/self/maps") as maps:

@@ -1,4 +1,4 @@
-"""envd's small plain-HTTP endpoints: ``/health``, ``/init``, ``/envs``, ``/metrics``."""
+"""envd's small plain-HTTP endpoints: ``/health``, ``/restored``, ``/init``, ``/envs``, ``/metrics``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from aenv.envd.eventloop import after_restore
 from aenv.envd.state import EnvdState
 from aenv.envd.sysmetrics import CpuSampler, snapshot
 
@@ -18,6 +19,12 @@ def error_response(status: int, message: str) -> JSONResponse:
 
 
 async def health(request: Request) -> Response:
+    return Response(status_code=204)
+
+
+async def restored(request: Request) -> Response:
+    """The node's readiness probe after a restore: health, plus a fresh epoll (eventloop.py)."""
+    after_restore()
     return Response(status_code=204)
 
 

@@ -7,6 +7,7 @@ import logging
 import uvicorn
 
 from aenv.envd.app import build_app
+from aenv.envd.eventloop import new_event_loop
 from aenv.envd.state import EnvdState
 
 #: E2B's envd closes idle keep-alive connections after 640 s; proxies keep streams longer.
@@ -24,7 +25,7 @@ def serve(
         build_app(state, exec_helper),
         host=host,
         port=port,
-        loop="uvloop",
+        loop=f"{new_event_loop.__module__}:{new_event_loop.__name__}",  # see eventloop.py
         http="httptools",
         ws="none",
         lifespan="on",

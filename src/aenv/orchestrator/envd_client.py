@@ -30,13 +30,20 @@ class EnvdClient:
     async def __aexit__(self, *exc: object) -> None:
         await self._http.aclose()
 
-    async def wait_ready(self, timeout: float) -> None:
+    async def wait_ready(self, timeout: float, *, restored: bool = False) -> None:
+        """Poll until envd answers. ``restored``: the sandbox was restored from a memory image,
+        so ask envd to renew its epoll instance too (``POST /restored``, envd/eventloop.py)."""
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         pause = READY_POLL_S
         while time.monotonic() < deadline:
             try:
-                response = await self._http.get("/health", timeout=1.0)
+                if restored:
+                    response = await self._http.post("/restored", timeout=1.0)
+                    if response.status_code in (404, 405):  # an envd older than /restored
+                        response = await self._http.get("/health", timeout=1.0)
+                else:
+                    response = await self._http.get("/health", timeout=1.0)
                 if response.status_code == 204:
                     return
             except httpx.HTTPError as exc:

@@ -249,9 +249,12 @@ class ProcessManager:
         self._maybe_finish(proc)
 
     def _on_pidfd(self, proc: ManagedProcess, pidfd: int) -> None:
+        returncode = proc.spawned.popen.poll()
+        if returncode is None:
+            return  # a spurious wake-up (a restored epoll, eventloop.py): never block the loop
         asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)
-        self._on_reaped(proc, proc.spawned.popen.wait())
+        self._on_reaped(proc, returncode)
 
     def _on_reaped(self, proc: ManagedProcess, returncode: int) -> None:
         proc._reaped = returncode

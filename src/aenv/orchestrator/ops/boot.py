@@ -75,7 +75,9 @@ async def boot_sandbox(
             instance = await node.runtime.restore(MemoryImage.at(template.image), spec, slot)
             lap("restore")
         async with EnvdClient(node.guests.transport(slot), slot) as envd:
-            await envd.wait_ready(node.settings.envd_ready_timeout_s)
+            await envd.wait_ready(
+                node.settings.envd_ready_timeout_s, restored=template.image is not None
+            )
         lap("envd_ready")
         return Booted(sandbox_id, template, slot, instance, cpu, memory, bundle, lap.phases)
     except BaseException:

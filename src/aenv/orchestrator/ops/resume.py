@@ -119,7 +119,7 @@ async def _restore(
                            cpu_count=record.cpu_count, memory_mb=record.memory_mb)
         instance = await node.runtime.restore(image, spec, slot)
         async with EnvdClient(node.guests.transport(slot), slot) as envd:
-            await envd.wait_ready(node.settings.envd_ready_timeout_s)
+            await envd.wait_ready(node.settings.envd_ready_timeout_s, restored=True)
     except BaseException:
         await asyncio.shield(_undo(node, record, slot, instance))
         raise
