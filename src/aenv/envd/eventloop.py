@@ -28,6 +28,7 @@ log = logging.getLogger("aenv.envd")
 class RestoreSafeEpollSelector(selectors.EpollSelector):
     """An ``EpollSelector`` that replaces its epoll instance when it reports unknown fds."""
 
+    _selector: select.epoll  # the stdlib's own attribute, typed for us
     rebuilds: int = 0
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
@@ -38,7 +39,8 @@ class RestoreSafeEpollSelector(selectors.EpollSelector):
             wait = 0.0
         else:
             wait = math.ceil(timeout * 1e3) * 1e-3  # epoll has ms resolution: never round down
-        max_events = max(len(self._fd_to_key), 1)
+        registered = self.get_map()
+        max_events = max(len(registered), 1)
         try:
             polled = self._selector.poll(wait, max_events)
         except InterruptedError:
@@ -46,8 +48,9 @@ class RestoreSafeEpollSelector(selectors.EpollSelector):
         ready: list[tuple[selectors.SelectorKey, int]] = []
         unknown = False
         for fd, event in polled:
-            key = self._fd_to_key.get(fd)
-            if key is None:
+            try:
+                key = registered[fd]
+            except KeyError:
                 unknown = True
                 continue
             events = 0
@@ -62,7 +65,8 @@ class RestoreSafeEpollSelector(selectors.EpollSelector):
 
     def replace_epoll(self, reason: str) -> None:
         fresh = select.epoll()
-        for key in self._fd_to_key.values():
+        registered = self.get_map()
+        for key in registered.values():
             mask = 0
             if key.events & selectors.EVENT_READ:
                 mask |= select.EPOLLIN
@@ -73,7 +77,7 @@ class RestoreSafeEpollSelector(selectors.EpollSelector):
         stale.close()
         self.rebuilds += 1
         log.info("%s: moved %d registrations to a fresh epoll instance", reason,
-                 len(self._fd_to_key))
+                 len(registered))
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

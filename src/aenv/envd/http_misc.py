@@ -1,4 +1,5 @@
-"""envd's small plain-HTTP endpoints: ``/health``, ``/restored``, ``/init``, ``/envs``, ``/metrics``."""
+"""envd's small plain-HTTP endpoints: ``/health``, ``/restored``, ``/init``, ``/envs``,
+``/metrics``."""
 
 from __future__ import annotations
 
