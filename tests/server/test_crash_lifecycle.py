@@ -21,6 +21,7 @@ Run with ``AENV_TEST_SLOT_BASE`` set to a slot range of one's own when other ser
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -33,6 +34,7 @@ from typing import Any
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 
+from aenv.runtime import urpc
 from tests.conftest import free_port
 from tests.server.harness import (
     NodeServer,
@@ -365,3 +367,39 @@ def test_kill9_during_pause_spill() -> None:
                         if o is True}
         check_recovered(node, {s.sandbox_id: s for s in [*sandboxes, bystander]}, marks,
                         paused=acked_paused)
+
+
+def _pause_marker(node: CrashableNode, sandbox_id: str) -> Path:
+    return node.home / "runtime" / sandbox_id / "pause-state"
+
+
+def test_kill9_with_a_freeze_or_thaw_in_doubt() -> None:
+    """Freeze and thaw go over runsc's control socket, and runsc's own state file does not
+    see them: the driver's pause marker is the truth. A crash inside one of them leaves
+    ``freezing``/``thawing``, where nobody can tell whether the call took effect (and a resume
+    of a sandbox that runs kills it). Recovery writes such sandboxes to disk instead: right in
+    either case. The three windows are made by hand, then the server is killed."""
+    with crashable(pause_hot_s="600") as node:
+        not_sent = _with_mark("freeze-not-sent")  # cut before the Pause call went out
+        took_effect = _with_mark("freeze-took-effect")  # cut after it, before "frozen"
+        thawing = _with_mark("thaw-in-doubt")  # a hot-paused one, cut before its Resume
+        marks = {s.sandbox_id: m for s, m in ((not_sent, "freeze-not-sent"),
+                                              (took_effect, "freeze-took-effect"),
+                                              (thawing, "thaw-in-doubt"))}
+        assert thawing.pause() is True
+        assert _pause_marker(node, thawing.sandbox_id).read_text() == "frozen"
+        _pause_marker(node, not_sent.sandbox_id).write_text("freezing")
+        _pause_marker(node, took_effect.sandbox_id).write_text("freezing")
+        socket_path = node.home / "runtime" / "runsc" / f"runsc-{took_effect.sandbox_id}.sock"
+        asyncio.run(urpc.call(socket_path, "containerManager.Pause"))
+        _pause_marker(node, thawing.sandbox_id).write_text("thawing")
+        node.kill9()
+
+        node.restart()
+        log = node.log_since_restart()
+        for sandbox in (not_sent, took_effect, thawing):
+            assert f"sandbox {sandbox.sandbox_id} was cut short" in log, log[-3000:]
+        listed = _listed()
+        assert all(listed[s] == SandboxState.PAUSED for s in marks), listed
+        check_recovered(node, {s.sandbox_id: s for s in (not_sent, took_effect, thawing)},
+                        marks, paused={thawing.sandbox_id})

@@ -145,6 +145,15 @@ ROWS = [
     Row(S.KILLING, "frozen", "paused", False, A.TEARDOWN, "finish the kill"),
     Row(S.KILLING, "disk", None, True, A.TEARDOWN, "finish the kill, image and all"),
     Row(S.KILLING, "live", None, False, A.TEARDOWN, "finish the kill"),
+    # -- a freeze or thaw over the control socket cut short: paused or not, nobody knows ------
+    Row(S.PAUSING, "live", "in-doubt", False, A.SPILL, "cut between 'freezing' and the call"),
+    Row(S.PAUSING, "live", "in-doubt", True, A.ON_DISK, "the spill's save finished first"),
+    Row(S.PAUSED, "frozen", "in-doubt", False, A.SPILL, "never thaw what may be running"),
+    Row(S.RESUMING, "frozen", "in-doubt", False, A.SPILL, "cut between 'thawing' and the call"),
+    Row(S.RUNNING, "live", "in-doubt", False, A.SPILL, "a freeze whose call got no answer"),
+    Row(S.SNAPSHOTTING, "live", "in-doubt", False, A.SPILL, "same, then a snapshot began"),
+    Row(S.CREATING, "live", "in-doubt", False, A.TEARDOWN, "never acknowledged"),
+    Row(S.KILLING, "frozen", "in-doubt", False, A.TEARDOWN, "finish the kill"),
 ]
 
 
@@ -181,6 +190,7 @@ def test_something_survives_means_kept(state: SandboxState) -> None:
     kind = {S.PAUSED: "frozen", S.PAUSING: "frozen", S.RESUMING: "frozen"}.get(state, "live")
     assert decide(_record(state, kind), _observed("running"), False) != A.TEARDOWN
     assert decide(_record(state, kind), _observed("paused"), False) != A.TEARDOWN
+    assert decide(_record(state, kind), _observed("in-doubt"), False) == A.SPILL
 
 
 @pytest.mark.parametrize("state", list(SandboxState))

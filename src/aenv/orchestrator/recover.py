@@ -13,6 +13,9 @@ of it survives (a live runtime, or a complete memory image), and is torn down ot
 - resuming by thaw, alive: running; from disk with the image still there: paused (the
   restore's runtime is torn down).
 - creating, killing, and anything with neither a runtime nor an image: torn down.
+- alive but "in doubt" (a freeze or thaw over the control socket cut short, so the driver
+  cannot tell whether it is paused): written to disk at once and paused there. A checkpoint
+  is right in either case; a thaw of a sandbox that is not frozen would kill it.
 
 A runtime sandbox no record knows (a warm one, a create that never got its record) is
 destroyed; a memory image no paused record names is deleted.
@@ -32,7 +35,7 @@ from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_from
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
-from aenv.orchestrator.ops.pause import image_dir
+from aenv.orchestrator.ops.pause import image_dir, spill
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.runtime.base import IMAGE_FILES, Instance, Observed
 from aenv.store.models import SandboxRecord
@@ -50,6 +53,7 @@ class Action(enum.Enum):
     FROZEN = "frozen"              # re-attach as paused in memory
     ON_DISK = "on-disk"            # paused, memory image on disk; nothing runs
     BACK_TO_DISK = "back-to-disk"  # a resume from disk never finished: drop its runtime
+    SPILL = "spill"                # alive, paused or not: write it to disk now
     TEARDOWN = "teardown"
 
 
@@ -63,7 +67,7 @@ class Plan:
 
     @property
     def reattach(self) -> list[str]:
-        return self.of(Action.RUNNING) + self.of(Action.FROZEN)
+        return self.of(Action.RUNNING) + self.of(Action.FROZEN) + self.of(Action.SPILL)
 
     @property
     def teardown(self) -> list[str]:
@@ -72,8 +76,13 @@ class Plan:
 
 def decide(record: SandboxRecord, observed: Observed | None, image_complete: bool) -> Action:
     """The one rule table (see the module docstring); pure."""
-    alive = observed is not None and observed.status in ("running", "created", "paused")
+    alive = observed is not None and observed.status in (
+        "running", "created", "paused", "in-doubt")
     state = record.state
+    in_doubt = observed is not None and observed.status == "in-doubt"
+    if in_doubt and state not in (S.CREATING, S.KILLING) and not (
+            state == S.PAUSING and image_complete):
+        return Action.SPILL
     if state in (S.RUNNING, S.SNAPSHOTTING, S.FORKING):
         return Action.RUNNING if alive else Action.TEARDOWN
     if state == S.PAUSED:
@@ -184,7 +193,8 @@ async def recover(node: Node) -> Plan:
         if sandbox_id not in kept:
             # A warm sandbox, a create that never got its record, a torn-down one.
             await node.rootfs.disassemble(sandbox_id, keep_upper=False)
-    _remove_stray_images(node, set(todo.of(Action.ON_DISK)) | set(todo.of(Action.BACK_TO_DISK)))
+    _remove_stray_images(node, set(todo.of(Action.ON_DISK)) | set(todo.of(Action.BACK_TO_DISK))
+                         | set(todo.of(Action.SPILL)))
     return todo
 
 
@@ -202,7 +212,7 @@ async def _apply(node: Node, record: SandboxRecord, action: Action,
         await teardown(node, record)
         await node.store.delete(record)
         return
-    if action in (Action.RUNNING, Action.FROZEN):
+    if action in (Action.RUNNING, Action.FROZEN, Action.SPILL):
         if instance is None and observed is not None and slot is not None:
             instance = Instance(sid, observed.runtime_id, observed.pid, slot)
         if slot is not None:
@@ -220,11 +230,27 @@ async def _apply(node: Node, record: SandboxRecord, action: Action,
             if record.state != S.RUNNING or data != (record.instance or {}):
                 await node.store.update(record, state=S.RUNNING, instance=data)
         else:
-            if observed is not None and observed.status != "paused" and instance is not None:
+            if action == Action.FROZEN and observed is not None and (
+                    observed.status != "paused" and instance is not None):
                 await node.runtime.freeze(instance)
             data["frozen"] = True
+            if action == Action.SPILL:  # the way the state machine goes to "paused"
+                if record.state in (S.SNAPSHOTTING, S.FORKING):
+                    record = await node.store.update(record, state=S.RUNNING)
+                if record.state == S.RUNNING:
+                    record = await node.store.update(record, state=S.PAUSING)
             if record.state != S.PAUSED or data != (record.instance or {}):
                 await node.store.update(record, state=S.PAUSED, instance=data)
+            if action == Action.SPILL:
+                log.info("sandbox %s was cut short in a pause or resume: writing it to disk",
+                         sid)
+                try:
+                    await spill(node, sid)
+                except Exception:
+                    log.exception("could not write %s to disk; the spiller tries again", sid)
+                    if node.spiller is not None:
+                        node.spiller.schedule(sid)
+                return
             if node.spiller is not None:
                 node.spiller.schedule(sid)
         log.info("re-attached sandbox %s (%s)", sid, action.value)

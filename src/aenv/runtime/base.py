@@ -85,7 +85,9 @@ class Observed:
 
     runtime_id: str
     sandbox_id: str
-    status: str  # "running" | "paused" | "stopped" | "created" | "unknown"
+    #: "running" | "paused" | "stopped" | "created" | "unknown", or "in-doubt": a pause or
+    #: resume was cut short and the driver cannot tell which (alive, to be checkpointed).
+    status: str
     pid: int | None
 
 

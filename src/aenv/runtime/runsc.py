@@ -172,6 +172,11 @@ class Runsc:
     def _argv(self, *args: str) -> list[str]:
         return [str(self.config.binary), *self.config.global_flags(), *args]
 
+    def control_socket(self, sandbox_id: str) -> Path:
+        """The sandbox's urpc socket (``runtime/urpc.py``); the runsc sandbox id is the
+        container id of its first container, which is ours."""
+        return self.config.root / f"runsc-{sandbox_id}.sock"
+
     async def run_detached(
         self, container_id: str, bundle: Path, *, log_dir: Path, console: Path, pid_file: Path
     ) -> None:
