@@ -11,9 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aenv.core.errors import NotFound, RuntimeFailure
+from aenv.core.errors import FailedPrecondition, NotFound, RuntimeFailure
 from aenv.network import guest_http
 from aenv.runtime.base import ENVD_PORT, IMAGE_FILES, MemoryImage, SandboxSpec
+from aenv.runtime.gvisor import GvisorRuntime
 from tests.runtime.conftest import Booted, SandboxFactory
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.anyio]
@@ -109,6 +110,43 @@ async def test_freeze_stops_the_guest_and_thaw_continues_it(sandboxes: SandboxFa
     first = await _counter(sandboxes, booted)
     await asyncio.sleep(0.4)
     assert await _counter(sandboxes, booted) > first
+
+
+async def _observed_status(sandboxes: SandboxFactory, booted: Booted) -> str:
+    [mine] = [o for o in await sandboxes.runtime.observe()
+              if o.sandbox_id == booted.instance.sandbox_id]
+    return mine.status
+
+
+async def test_freeze_state_is_the_drivers_pause_marker(
+    sandboxes: SandboxFactory, tmp_path: Path
+) -> None:
+    """Freeze/thaw go over the control socket, which runsc's state file does not see: the
+    driver's marker is what ``observe`` reports, and a marker left mid-call is "in-doubt",
+    which the driver refuses to thaw (a resume of a running sentry kills it)."""
+    runtime = sandboxes.runtime
+    assert isinstance(runtime, GvisorRuntime)
+    booted = await sandboxes.boot()
+    marker = runtime.sandbox_dir(booted.instance.sandbox_id) / "pause-state"
+    await runtime.freeze(booted.instance)
+    assert marker.read_text() == "frozen"
+    assert (await runtime.runsc.state(booted.instance.runtime_id)).status == "running"
+    assert await _observed_status(sandboxes, booted) == "paused"
+    await runtime.thaw(booted.instance)
+    assert not marker.exists()
+    assert await _observed_status(sandboxes, booted) == "running"
+
+    marker.write_text("freezing")  # as a crash between the marker and the Pause call leaves it
+    assert await _observed_status(sandboxes, booted) == "in-doubt"
+    with pytest.raises(FailedPrecondition):
+        await runtime.thaw(booted.instance)
+    with pytest.raises(FailedPrecondition):
+        await runtime.freeze(booted.instance)
+    assert await sandboxes.health(booted) == 204  # never resumed while running: still alive
+    # A checkpoint settles it either way (what recovery does with an in-doubt sandbox).
+    image = await runtime.checkpoint(booted.instance, tmp_path / "img", leave_running=False)
+    assert image.size_bytes > 0
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 async def test_a_failed_checkpoint_removes_its_directory(
