@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from aenv.core.errors import FailedPrecondition, NotFound, RuntimeFailure
+from aenv.core.errors import InDoubt, NotFound, RuntimeFailure
 from aenv.network import guest_http
 from aenv.runtime.base import ENVD_PORT, IMAGE_FILES, MemoryImage, SandboxSpec
 from aenv.runtime.gvisor import GvisorRuntime
@@ -138,9 +138,9 @@ async def test_freeze_state_is_the_drivers_pause_marker(
 
     marker.write_text("freezing")  # as a crash between the marker and the Pause call leaves it
     assert await _observed_status(sandboxes, booted) == "in-doubt"
-    with pytest.raises(FailedPrecondition):
+    with pytest.raises(InDoubt):
         await runtime.thaw(booted.instance)
-    with pytest.raises(FailedPrecondition):
+    with pytest.raises(InDoubt):
         await runtime.freeze(booted.instance)
     assert await sandboxes.health(booted) == 204  # never resumed while running: still alive
     # A checkpoint settles it either way (what recovery does with an in-doubt sandbox).

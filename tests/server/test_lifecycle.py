@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TypeVar
 
 import httpx
@@ -29,7 +30,7 @@ from e2b import (
     SandboxState,
     SnapshotInfo,
 )
-from e2b.exceptions import SandboxException
+from e2b.exceptions import SandboxException, ServiceBusyException
 
 from tests.server.harness import NodeServer
 
@@ -526,6 +527,41 @@ def test_forks_of_a_sandbox_that_ran_many_concurrent_commands_idle(server: NodeS
             assert used < 50, f"envd of {sandbox.sandbox_id} used {used / 100:.2f} s CPU in 2 s"
     finally:
         kill_quietly(sbx, *children)
+
+
+def test_a_freeze_or_thaw_in_doubt_is_settled_on_disk(server: NodeServer) -> None:
+    """A control-socket call that got no answer leaves the driver's pause marker mid-call
+    (``freezing``/``thawing``; made by hand here): nobody knows whether the sandbox runs, and a
+    resume of one that runs would kill it. The node writes such a sandbox to disk at once: a
+    pause stands; a resume answers 503 until the image is written, then restores it."""
+
+    def marker(sbx: Sandbox) -> Path:
+        return server.home / "runtime" / sbx.sandbox_id / "pause-state"
+
+    def on_disk(sbx: Sandbox) -> bool:
+        return (server.home / "paused" / sbx.sandbox_id).is_dir()
+
+    freezing = Sandbox.create(timeout=120)
+    thawing = Sandbox.create(timeout=120)
+    try:
+        for sbx in (freezing, thawing):
+            sbx.files.write("/home/user/kept.txt", sbx.sandbox_id)
+        marker(freezing).write_text("freezing")
+        assert freezing.pause() is True
+        assert thawing.pause() is True
+        marker(thawing).write_text("thawing")
+        with pytest.raises(ServiceBusyException) as info:
+            Sandbox.connect(thawing.sandbox_id, retries=0)  # (the SDK retries a 503 by itself)
+        assert "503" in str(info.value) and "written to disk" in str(info.value)
+        for sbx in (freezing, thawing):
+            wait_for(f"{sbx.sandbox_id} on disk", lambda s=sbx: on_disk(s) or None, timeout=30)
+            assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+            again = Sandbox.connect(sbx.sandbox_id)
+            assert again.files.read("/home/user/kept.txt") == sbx.sandbox_id
+            assert again.commands.run("echo ok").stdout == "ok\n"
+            assert not marker(sbx).exists()
+    finally:
+        kill_quietly(freezing, thawing)
 
 
 def test_fork_of_a_killed_sandbox_is_an_error_per_child(server: NodeServer) -> None:

@@ -107,6 +107,11 @@ class RuntimeFailure(AenvError):
     connect_code = "internal"
 
 
+class InDoubt(RuntimeFailure):
+    """A runtime call got no answer, or was cut short: it may or may not have taken effect
+    (e.g. a pause over runsc's control socket). The caller settles the sandbox another way."""
+
+
 class CommandError(AenvError):
     """An external command exited non-zero (or could not start)."""
 

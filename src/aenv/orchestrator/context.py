@@ -31,7 +31,8 @@ class WarmSource(Protocol):
 
 
 class SpillScheduler(Protocol):
-    def schedule(self, sandbox_id: str) -> None: ...
+    def schedule(self, sandbox_id: str, *, delay: float | None = None) -> None:
+        """Write the frozen sandbox to disk after ``delay`` s (None: ``pause_hot_s``)."""
 
     def cancel(self, sandbox_id: str) -> None: ...
 

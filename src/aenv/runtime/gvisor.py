@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from aenv.core import ids
-from aenv.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from aenv.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InDoubt,
+    InvalidArgument,
+    NotFound,
+)
 from aenv.network.base import NetSlot
 from aenv.runtime import oci, urpc
 from aenv.runtime.base import Instance, MemoryImage, Observed, SandboxSpec, Stats
@@ -173,13 +179,15 @@ class GvisorRuntime:
         sandbox as ``in-doubt``, which recovery resolves by writing it to disk (a checkpoint
         is right whether or not the pause took effect; a resume of a sandbox that is not
         paused would kill it).
-        Refuses a frozen or in-doubt sandbox (``FailedPrecondition``): pauses nest in the
-        sentry, and one resume would no longer undo them.
+        Refuses a frozen sandbox (``FailedPrecondition``) and raises ``InDoubt`` for one in
+        doubt: pauses nest in the sentry, and one resume would no longer undo them.
         """
         marker = self._pause_marker(instance.sandbox_id)
         state = _read_marker(marker)
+        if state == _FROZEN:
+            raise FailedPrecondition(f"sandbox {instance.sandbox_id} is frozen")
         if state is not None:
-            raise FailedPrecondition(f"sandbox {instance.sandbox_id} is {state}")
+            raise InDoubt(f"sandbox {instance.sandbox_id} is {state}: its pause is in doubt")
         marker.write_text(_FREEZING)
         try:
             await urpc.call(self.runsc.control_socket(instance.runtime_id),
@@ -192,10 +200,10 @@ class GvisorRuntime:
         marker.write_text(_FROZEN)
 
     async def thaw(self, instance: Instance) -> None:
-        """Continue a sandbox ``freeze`` stopped. Refuses one that it did not stop, or whose
-        pause is in doubt (``FailedPrecondition``): the sentry would kill a sandbox that is
-        resumed while it runs. A sandbox paused with ``runsc pause`` (an older aenv) is
-        resumed with ``runsc resume``."""
+        """Continue a sandbox ``freeze`` stopped. Refuses one that it did not stop
+        (``FailedPrecondition``) or whose pause is in doubt (``InDoubt``): the sentry would
+        kill a sandbox that is resumed while it runs. A sandbox paused with ``runsc pause`` (an
+        older aenv) is resumed with ``runsc resume``."""
         sid = instance.sandbox_id
         marker = self._pause_marker(sid)
         state = _read_marker(marker)
@@ -208,7 +216,7 @@ class GvisorRuntime:
                 await self.runsc.resume(instance.runtime_id)
             return
         if state != _FROZEN:
-            raise FailedPrecondition(f"sandbox {sid} is {state}: its pause is in doubt")
+            raise InDoubt(f"sandbox {sid} is {state}: its pause is in doubt")
         marker.write_text(_THAWING)
         try:
             await urpc.call(self.runsc.control_socket(instance.runtime_id),

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aenv.core.errors import NotFound, RuntimeFailure
+from aenv.core.errors import InDoubt, NotFound, RuntimeFailure
 
 #: A control call answers in well under a millisecond; seconds mean the sandbox is in trouble.
 CALL_TIMEOUT_S = 10.0
@@ -27,7 +27,7 @@ class CallFailed(RuntimeFailure):
     """The sandbox answered, and refused: nothing was changed."""
 
 
-class CallInDoubt(RuntimeFailure):
+class CallInDoubt(InDoubt):
     """No answer (timeout, dropped connection): the call may or may not have taken effect."""
 
 

@@ -25,7 +25,7 @@ import shutil
 import time
 from pathlib import Path
 
-from aenv.core.errors import Conflict, FailedPrecondition
+from aenv.core.errors import Conflict, FailedPrecondition, InDoubt
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
@@ -56,14 +56,24 @@ async def _freeze(node: Node, record: SandboxRecord) -> SandboxRecord:
         # hold no connected endpoint: close them all now.
         async with quiesced(node, record.sandbox_id, slot):
             await node.runtime.freeze(instance)
+    except InDoubt:
+        # Paused or not, nobody can tell; a resume of one that runs would kill it. Writing it
+        # to disk settles it either way, so the pause stands and the spill starts now.
+        log.warning("the freeze of %s is in doubt: writing it to disk", record.sandbox_id)
+        return await _frozen(node, record, spill_in=0.0)
     except BaseException:
         await node.store.update(record, state=SandboxState.RUNNING)
         raise
+    return await _frozen(node, record, spill_in=None)
+
+
+async def _frozen(node: Node, record: SandboxRecord, *, spill_in: float | None
+                  ) -> SandboxRecord:
     record = await node.store.update(
         record, state=SandboxState.PAUSED, instance={**(record.instance or {}), "frozen": True}
     )
     if node.spiller is not None:
-        node.spiller.schedule(record.sandbox_id)
+        node.spiller.schedule(record.sandbox_id, delay=spill_in)
     return record
 
 

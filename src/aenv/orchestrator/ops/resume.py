@@ -20,7 +20,7 @@ import logging
 import shutil
 import time
 
-from aenv.core.errors import Conflict, FailedPrecondition, NotFound
+from aenv.core.errors import Conflict, FailedPrecondition, InDoubt, NotFound, Unavailable
 from aenv.core.states import SandboxState
 from aenv.network.base import NetSlot
 from aenv.orchestrator.context import Node
@@ -73,6 +73,14 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
             if instance is None:
                 raise FailedPrecondition(f"sandbox {record.sandbox_id} has no runtime")
             await node.runtime.thaw(instance)
+        except InDoubt as exc:
+            # Whether it runs is unknown, and a second resume could kill it: write it to disk
+            # (right either way); a resume after that restores it.
+            await node.store.update(record, state=SandboxState.PAUSED)
+            if node.spiller is not None:
+                node.spiller.schedule(record.sandbox_id, delay=0.0)
+            raise Unavailable(f"sandbox {record.sandbox_id} is being written to disk after a "
+                              "resume that got no answer; try again in a few seconds") from exc
         except BaseException:
             await node.store.update(record, state=SandboxState.PAUSED)
             raise
