@@ -64,7 +64,7 @@ def run(
     log_level: Annotated[str, typer.Option(help="uvicorn/envd log level")] = "info",
 ) -> None:
     """Run envd in this process, unconfined (development only: it runs commands as you)."""
-    # Imported here: the server pulls in uvicorn, uvloop and envd's services, which the bundle
+    # Imported here: the server pulls in uvicorn and envd's services, which the bundle
     # command does not need.
     from aenv.envd.__main__ import main as envd_main
 
