@@ -51,16 +51,17 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 MAX_SOCKET_PATH = 107
 #: runsc's statuses, as the orchestrator's Observed.status spells them.
 _STATUSES = {"created", "running", "paused", "stopped"}
+_ALIVE = {"created", "running", "paused"}
 #: The pause marker's contents (see ``GvisorRuntime.freeze``).
 _FREEZING, _FROZEN, _THAWING = "freezing", "frozen", "thawing"
 
 
 def _read_marker(path: Path) -> str | None:
     try:
+        # Empty: a crash while it was written, so a call may have been under way: in doubt.
         return path.read_text().strip() or _FREEZING
     except FileNotFoundError:
         return None
-_ALIVE = {"created", "running", "paused"}
 
 
 @dataclass(frozen=True)
@@ -192,10 +193,10 @@ class GvisorRuntime:
         try:
             await urpc.call(self.runsc.control_socket(instance.runtime_id),
                             "containerManager.Pause")
-        except urpc.CallInDoubt:
-            raise  # the marker stays "freezing": only a checkpoint can settle it
+        except (urpc.CallInDoubt, asyncio.CancelledError):
+            raise  # the call may be under way: "freezing" stays, only a checkpoint settles it
         except BaseException:
-            marker.unlink(missing_ok=True)
+            marker.unlink(missing_ok=True)  # refused, or never sent: nothing changed
             raise
         marker.write_text(_FROZEN)
 
@@ -221,10 +222,10 @@ class GvisorRuntime:
         try:
             await urpc.call(self.runsc.control_socket(instance.runtime_id),
                             "containerManager.Resume")
-        except urpc.CallInDoubt:
-            raise  # "thawing" stays: in doubt
+        except (urpc.CallInDoubt, asyncio.CancelledError):
+            raise  # the call may be under way: "thawing" stays, in doubt
         except BaseException:
-            marker.write_text(_FROZEN)
+            marker.write_text(_FROZEN)  # refused, or never sent: still frozen
             raise
         marker.unlink(missing_ok=True)
 
