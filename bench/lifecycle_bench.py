@@ -73,13 +73,17 @@ from aenv.runtime.runsc import RUNSC, RunscConfig
 from bench.envd_bench import LOAD_WARN, Latency, machine
 from bench.node_bench import (
     CREATED_RE,
+    MIB,
+    NODE_CGROUP,
     PHASE_RE,
     SERVER_LOG_LINES,
     Node,
     _kib,
+    _remove_cgroups,
     cgroup_cpu_ms,
     ms_since,
     runsc_version,
+    sandbox_pids,
     stop_node,
     sweep_slots,
 )
@@ -87,9 +91,6 @@ from bench.node_bench import (
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "lifecycle.json"
 SVG = REPO / "docs" / "img" / "lifecycle.svg"
-MIB = 1024 * 1024
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-NODE_CGROUP = "aenv"
 BARE_CGROUP = "aenv-lbench"
 
 #: A paused sandbox stays frozen this long before the node writes it to disk. The default
@@ -306,24 +307,6 @@ def start_node() -> LifecycleNode:
 # -- processes and memory ---------------------------------------------------------------------
 
 
-def processes_of(sandbox_id: str, cgroup_parent: str = NODE_CGROUP) -> set[int]:
-    """Host processes of one sandbox: its cgroup in every v1 controller, plus any process
-    whose command line names it (runsc CLI, gofer, sandbox; the systrap stubs are in the
-    cgroup)."""
-    pids: set[int] = set()
-    for controller in CGROUP_ROOT.iterdir():
-        procs = controller / cgroup_parent / sandbox_id / "cgroup.procs"
-        with contextlib.suppress(OSError):
-            pids.update(int(p) for p in procs.read_text().split())
-    needle = sandbox_id.encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if needle in (entry / "cmdline").read_bytes():
-                    pids.add(int(entry.name))
-    return pids
-
-
 def pss_mib(pids: set[int]) -> dict[str, float]:
     """Sum of ``Pss`` (and its anon/file/shmem parts) over ``pids``, MiB."""
     names = ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem")
@@ -496,14 +479,6 @@ class BareEnvd:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _remove_cgroups(relative: str) -> None:
-    for controller in CGROUP_ROOT.iterdir():
-        path = controller / relative
-        if path.is_dir():
-            with contextlib.suppress(OSError):
-                path.rmdir()
-
-
 def rm_image(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -617,6 +592,15 @@ def measure_create(
 # -- 2: pause / resume ------------------------------------------------------------------------
 
 
+def resumed_line(node: LifecycleNode, sid: str, before: int, how: str) -> re.Match[str]:
+    """The node's ``resumed <sid> (<how>)`` line after the ``before``-th one; raises if the
+    resume was of the other kind (a thaw measured as a restore, or the reverse)."""
+    line = node.wait_line(RESUMED_RE, lambda m: m["id"] == sid, before, 5)
+    if line is None or line["how"] != how:
+        raise RuntimeError(f"resume of {sid} was not {how}: {line and line[0]}")
+    return line
+
+
 def measure_pause(
     report: Report, node: LifecycleNode, bare: BareEnvd, template: Path, runs: int
 ) -> None:
@@ -640,10 +624,7 @@ def measure_pause(
             sandbox = node.connect(sid)
             resume_ms = ms_since(start)
             hot_first = run_true(sandbox)
-            line = node.wait_line(RESUMED_RE, lambda m: m["id"] == sid, thawed_before, 5)
-            if line is None or line["how"] != "thawed":
-                raise RuntimeError(f"hot resume of {sid} was not a thaw: {line and line[0]}")
-            hot_server = float(line["ms"])
+            hot_server = float(resumed_line(node, sid, thawed_before, "thawed")["ms"])
             # To disk: pause, wait for the image and the spill's log line, resume.
             spilled_before = node.count(SPILLED_RE, lambda m: m["id"] == sid)
             start = time.perf_counter()
@@ -658,7 +639,7 @@ def measure_pause(
                 raise RuntimeError(f"{sid} was not written to disk within 120 s")
             freed_ms = ms_since(paused_at)
             image_bytes = dir_bytes(paused_dir)
-            left = processes_of(sid)
+            left = sandbox_pids(sid)
             mem = pss_mib(left)
             memory.append(mem)
             restored_before = node.count(RESUMED_RE, lambda m: m["id"] == sid)
@@ -666,9 +647,7 @@ def measure_pause(
             sandbox = node.connect(sid)
             resume_disk_ms = ms_since(start)
             disk_first = run_true(sandbox)
-            line = node.wait_line(RESUMED_RE, lambda m: m["id"] == sid, restored_before, 5)
-            if line is None or line["how"] != "restored":
-                raise RuntimeError(f"resume of {sid} from disk was not a restore")
+            line = resumed_line(node, sid, restored_before, "restored")
             # Bare: runsc pause/resume; checkpoint (exits) + restore + first exec.
             b_pause = bare.pause(bare_id)
             b_resume = bare.resume(bare_id)
@@ -1202,8 +1181,8 @@ def measure_density(
         run_true(parent)
         bare.exec(bare_parent, "/bin/true")
         time.sleep(idle_s)
-        one = pss_mib(processes_of(parent.sandbox_id))
-        bare_one = pss_mib(processes_of(bare_parent, BARE_CGROUP))
+        one = pss_mib(sandbox_pids(parent.sandbox_id))
+        bare_one = pss_mib(sandbox_pids(bare_parent, BARE_CGROUP))
         kids = node_fork(node, parent, children).kids
         _, image, _ = bare.checkpoint(bare_parent, leave_running=True)
         for _ in range(children):
@@ -1211,9 +1190,9 @@ def measure_density(
             bare_kids.append(cid)
             bare.exec(cid, "/bin/true")
         time.sleep(idle_s)
-        per_kid = [pss_mib(processes_of(k.sandbox_id)) for k in kids]
-        per_bare_kid = [pss_mib(processes_of(cid, BARE_CGROUP)) for cid in bare_kids]
-        parent_after = pss_mib(processes_of(parent.sandbox_id))
+        per_kid = [pss_mib(sandbox_pids(k.sandbox_id)) for k in kids]
+        per_bare_kid = [pss_mib(sandbox_pids(cid, BARE_CGROUP)) for cid in bare_kids]
+        parent_after = pss_mib(sandbox_pids(parent.sandbox_id))
     finally:
         kill_all(kids)
         with contextlib.suppress(Exception):

@@ -794,12 +794,13 @@ def _kib(path: Path, names: tuple[str, ...]) -> dict[str, int]:
     return values
 
 
-def sandbox_pids(sandbox_id: str) -> set[int]:
+def sandbox_pids(sandbox_id: str, cgroup_parent: str = NODE_CGROUP) -> set[int]:
     """Host processes of one sandbox: its cgroup in every v1 controller, plus any process
-    whose command line names it (the runsc CLI, the gofer, the sandbox process)."""
+    whose command line names it (the runsc CLI, the gofer, the sandbox process; the systrap
+    stubs are in the cgroup)."""
     pids: set[int] = set()
     for controller in CGROUP_ROOT.iterdir():
-        procs = controller / NODE_CGROUP / sandbox_id / "cgroup.procs"
+        procs = controller / cgroup_parent / sandbox_id / "cgroup.procs"
         with contextlib.suppress(OSError):
             pids.update(int(p) for p in procs.read_text().split())
     needle = sandbox_id.encode()

@@ -16,8 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from e2b import Sandbox
+
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("AENV_TEST_CACHE", "/var/cache/aenv-test"))
@@ -155,3 +160,38 @@ def cleanup_home(home: Path) -> None:
         keep.mkdir(exist_ok=True)
         shutil.copy(log, keep / f"{home.name}.log")
     shutil.rmtree(home, ignore_errors=True)
+
+
+def kill_all_sandboxes() -> None:
+    """Kill every sandbox the SDK's environment points at."""
+    paginator = Sandbox.list()
+    while paginator.has_next:
+        for info in paginator.next_items():
+            Sandbox.kill(info.sandbox_id)
+
+
+@contextlib.contextmanager
+def serving(**settings: str) -> Iterator[NodeServer]:
+    """A node server with ``settings``, the SDK's environment pointed at it meanwhile; at the
+    end every sandbox is killed, the server stopped, and no runsc process may outlive it."""
+    node = start_server(free_port(), **settings)
+    saved = {k: os.environ.get(k) for k in (*client_env(node), "E2B_DEBUG")}
+    os.environ.update(client_env(node))
+    os.environ.pop("E2B_DEBUG", None)
+    try:
+        yield node
+    finally:
+        try:
+            kill_all_sandboxes()
+        finally:
+            node.stop()
+            leaked = kill_leaked(node.home)
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            if "Traceback" in node.log():
+                print("server log contains tracebacks:\n" + node.log()[-8000:])
+            cleanup_home(node.home)
+            assert not leaked, f"runsc processes outlived the server: {leaked}"

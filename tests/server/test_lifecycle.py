@@ -293,7 +293,7 @@ def test_expiry_pauses_by_default_kills_with_on_timeout_kill(server: NodeServer)
         with pytest.raises(NotFoundException):
             doomed.get_info()
         # (409 while the teardown still runs: see KILLING_CONNECT.)
-        wait_for("connect to answer 404", lambda: _connect_not_found(doomed.sandbox_id))
+        wait_for("connect to answer 404", lambda: _not_found(Sandbox.connect, doomed.sandbox_id))
         # default: paused, and connect resumes it with its memory.
         assert sbx.is_running() is False
         assert sbx.get_info().state == SandboxState.PAUSED
@@ -308,17 +308,10 @@ def test_expiry_pauses_by_default_kills_with_on_timeout_kill(server: NodeServer)
         kill_quietly(sbx, doomed)
 
 
-def _connect_not_found(sandbox_id: str) -> bool:
+def _not_found(call: Callable[[str], object], sandbox_id: str) -> bool:
+    """Whether ``call(sandbox_id)`` answers 404 (else it returns)."""
     try:
-        Sandbox.connect(sandbox_id)
-    except NotFoundException:
-        return True
-    return False
-
-
-def _info_not_found(sandbox_id: str) -> bool:
-    try:
-        Sandbox.get_info(sandbox_id)
+        call(sandbox_id)
     except NotFoundException:
         return True
     return False
@@ -327,7 +320,7 @@ def _info_not_found(sandbox_id: str) -> bool:
 def test_connect_during_the_expiry_kill_is_not_found(server: NodeServer) -> None:
     sbx = Sandbox.create(timeout=2, lifecycle={"on_timeout": "kill"})
     # get_info says 404 as soon as the kill starts; the teardown takes ~1 s more.
-    wait_for("the expiry kill", lambda: _info_not_found(sbx.sandbox_id), every=0.02)
+    wait_for("the expiry kill", lambda: _not_found(Sandbox.get_info, sbx.sandbox_id), every=0.02)
     with pytest.raises(NotFoundException):
         Sandbox.connect(sbx.sandbox_id)
 

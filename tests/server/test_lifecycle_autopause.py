@@ -6,7 +6,6 @@ through the same path here. Helpers: ``test_lifecycle.py``.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,15 +14,8 @@ import anyio
 import pytest
 from e2b import AsyncSandbox, NotFoundException, Sandbox, SandboxState
 
-from tests.conftest import free_port
-from tests.server.harness import (
-    NodeServer,
-    cleanup_home,
-    client_env,
-    kill_leaked,
-    leaked_sandboxes,
-    start_server,
-)
+from tests.server.conftest import serving
+from tests.server.harness import NodeServer, leaked_sandboxes
 from tests.server.test_lifecycle import (
     assert_counting,
     assert_http_answers,
@@ -40,30 +32,8 @@ pytestmark = [pytest.mark.gvisor]
 
 @pytest.fixture(scope="module")
 def disk_server() -> Iterator[NodeServer]:
-    node = start_server(free_port(), pause_hot_s="0")
-    saved = {k: os.environ.get(k) for k in (*client_env(node), "E2B_DEBUG")}
-    os.environ.update(client_env(node))
-    os.environ.pop("E2B_DEBUG", None)
-    try:
+    with serving(pause_hot_s="0") as node:
         yield node
-    finally:
-        try:
-            paginator = Sandbox.list()
-            while paginator.has_next:
-                for info in paginator.next_items():
-                    Sandbox.kill(info.sandbox_id)
-        finally:
-            node.stop()
-            leaked = kill_leaked(node.home)
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-            if "Traceback" in node.log():
-                print("server log contains tracebacks:\n" + node.log()[-8000:])
-            cleanup_home(node.home)
-            assert not leaked, f"runsc processes outlived the server: {leaked}"
 
 
 def image_of(server: NodeServer, sandbox_id: str) -> Path:

@@ -28,7 +28,9 @@ log = logging.getLogger("aenv.envd")
 class RestoreSafeEpollSelector(selectors.EpollSelector):
     """An ``EpollSelector`` that replaces its epoll instance when it reports unknown fds."""
 
-    _selector: select.epoll  # the stdlib's own attribute, typed for us
+    # The stdlib's own attributes, typed for us.
+    _selector: select.epoll
+    _fd_to_key: dict[int, selectors.SelectorKey]
     rebuilds: int = 0
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
@@ -39,8 +41,7 @@ class RestoreSafeEpollSelector(selectors.EpollSelector):
             wait = 0.0
         else:
             wait = math.ceil(timeout * 1e3) * 1e-3  # epoll has ms resolution: never round down
-        registered = self.get_map()
-        max_events = max(len(registered), 1)
+        max_events = max(len(self._fd_to_key), 1)
         try:
             polled = self._selector.poll(wait, max_events)
         except InterruptedError:
@@ -48,9 +49,8 @@ class RestoreSafeEpollSelector(selectors.EpollSelector):
         ready: list[tuple[selectors.SelectorKey, int]] = []
         unknown = False
         for fd, event in polled:
-            try:
-                key = registered[fd]
-            except KeyError:
+            key = self._fd_to_key.get(fd)
+            if key is None:
                 unknown = True
                 continue
             events = 0
@@ -65,8 +65,7 @@ class RestoreSafeEpollSelector(selectors.EpollSelector):
 
     def replace_epoll(self, reason: str) -> None:
         fresh = select.epoll()
-        registered = self.get_map()
-        for key in registered.values():
+        for key in self._fd_to_key.values():
             mask = 0
             if key.events & selectors.EVENT_READ:
                 mask |= select.EPOLLIN
@@ -77,7 +76,7 @@ class RestoreSafeEpollSelector(selectors.EpollSelector):
         stale.close()
         self.rebuilds += 1
         log.info("%s: moved %d registrations to a fresh epoll instance", reason,
-                 len(registered))
+                 len(self._fd_to_key))
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

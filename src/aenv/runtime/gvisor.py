@@ -189,15 +189,7 @@ class GvisorRuntime:
             raise FailedPrecondition(f"sandbox {instance.sandbox_id} is frozen")
         if state is not None:
             raise InDoubt(f"sandbox {instance.sandbox_id} is {state}: its pause is in doubt")
-        marker.write_text(_FREEZING)
-        try:
-            await urpc.call(self.runsc.control_socket(instance.runtime_id),
-                            "containerManager.Pause")
-        except (urpc.CallInDoubt, asyncio.CancelledError):
-            raise  # the call may be under way: "freezing" stays, only a checkpoint settles it
-        except BaseException:
-            marker.unlink(missing_ok=True)  # refused, or never sent: nothing changed
-            raise
+        await self._control(instance, "containerManager.Pause", marker, _FREEZING, undo=None)
         marker.write_text(_FROZEN)
 
     async def thaw(self, instance: Instance) -> None:
@@ -218,19 +210,28 @@ class GvisorRuntime:
             return
         if state != _FROZEN:
             raise InDoubt(f"sandbox {sid} is {state}: its pause is in doubt")
-        marker.write_text(_THAWING)
-        try:
-            await urpc.call(self.runsc.control_socket(instance.runtime_id),
-                            "containerManager.Resume")
-        except (urpc.CallInDoubt, asyncio.CancelledError):
-            raise  # the call may be under way: "thawing" stays, in doubt
-        except BaseException:
-            marker.write_text(_FROZEN)  # refused, or never sent: still frozen
-            raise
+        await self._control(instance, "containerManager.Resume", marker, _THAWING, undo=_FROZEN)
         marker.unlink(missing_ok=True)
 
     def _pause_marker(self, sandbox_id: str) -> Path:
         return self.sandbox_dir(sandbox_id) / "pause-state"
+
+    async def _control(self, instance: Instance, method: str, marker: Path, during: str, *,
+                       undo: str | None) -> None:
+        """``method`` on the sandbox's control socket, ``marker`` saying ``during`` while the
+        call may be under way. Refused or never sent: the marker goes back to ``undo`` (None:
+        removed). No answer, or cancelled: ``during`` stays, in doubt."""
+        marker.write_text(during)
+        try:
+            await urpc.call(self.runsc.control_socket(instance.runtime_id), method)
+        except (urpc.CallInDoubt, asyncio.CancelledError):
+            raise
+        except BaseException:
+            if undo is None:
+                marker.unlink(missing_ok=True)
+            else:
+                marker.write_text(undo)
+            raise
 
     async def destroy(self, instance: Instance) -> None:
         """Kill every process of the sandbox and remove its runsc state, cgroups, bundle and
