@@ -147,7 +147,8 @@ async def list_v1(node: NodeDep, metadata: str | None = None) -> list[ListedSand
 async def get_sandbox(sandbox_id: str, node: NodeDep) -> SandboxDetail:
     record = await node.store.require(_checked_id(sandbox_id))
     if record.state in (SandboxState.CREATING, SandboxState.KILLING):
-        raise NotFound(f"sandbox {sandbox_id} not found")
+        why = f": {record.last_error}" if record.last_error else ""  # e.g. it died
+        raise NotFound(f"sandbox {sandbox_id} not found{why}")
     return detail(record, node.settings)
 
 
@@ -231,6 +232,7 @@ async def list_snapshots(
     limit: int | None = None,
     nextToken: str | None = None,
 ) -> list[SnapshotInfo]:
+    await node.repository.refresh()
     found = node.repository.list(sandbox_id=sandboxID or None, name=name or None)
     page, cursor = snapshot_page(found, limit=listing.parse_limit(limit), token=nextToken)
     if cursor:
@@ -242,7 +244,7 @@ async def list_snapshots(
 async def delete_template(template_id: str, node: NodeDep) -> Response:
     if await delete_built_template(node, template_id):
         return Response(status_code=204)
-    snapshot = node.repository.find(template_id)
+    snapshot = await node.repository.lookup(template_id)
     if snapshot is None or snapshot.manifest.kind != "snapshot":
         raise NotFound(f"template '{template_id}' not found")
     await node.repository.delete(snapshot.snapshot_id)

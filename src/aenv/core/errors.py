@@ -17,6 +17,7 @@ Connect code it is rendered with, so no route or RPC handler builds an error bod
     ├── Unimplemented          501  unimplemented
     ├── DeadlineExceeded       504  deadline_exceeded  a command in a sandbox ran too long
     ├── Internal               500  internal
+    │   └── DataLoss           500  data_loss     stored bytes do not match their digest
     ├── RuntimeFailure         500  internal      a sandbox runtime (runsc …) failed
     └── CommandError           500  internal      an external command failed
         └── CommandTimeout     504  deadline_exceeded
@@ -102,6 +103,12 @@ class DeadlineExceeded(AenvError):
 class Internal(AenvError):
     http_status = 500
     connect_code = "internal"
+
+
+class DataLoss(Internal):
+    """Stored bytes (a repository blob, a cached file) do not match the digest that names them."""
+
+    connect_code = "data_loss"
 
 
 class RuntimeFailure(AenvError):

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -154,6 +154,42 @@ class Settings(BaseSettings):
     build_ready_timeout_s: float = Field(default=300.0, gt=0)
     """How long a template's ready command may take to succeed after its start command."""
 
+    repository: str | None = None
+    """Where snapshots, templates and paused sandboxes are kept, shared by every node that
+    names the same place: a directory (``posix_fs``; local or a shared mount) or
+    ``s3://BUCKET/PREFIX`` (any S3-compatible store; endpoint, region and credentials below).
+    Unset: ``<home>/repository``."""
+
+    s3_endpoint: str | None = Field(default=None, validation_alias=AliasChoices(
+        "s3_endpoint", "AENV_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"))
+    """S3 endpoint URL (e.g. ``http://minio:9000``); also read from ``AWS_ENDPOINT_URL``.
+    Unset: AWS."""
+
+    s3_region: str | None = Field(default=None, validation_alias=AliasChoices(
+        "s3_region", "AENV_S3_REGION", "AWS_REGION", "AWS_DEFAULT_REGION"))
+    """S3 region; also read from ``AWS_REGION`` / ``AWS_DEFAULT_REGION``."""
+
+    s3_access_key_id: str | None = Field(default=None, validation_alias=AliasChoices(
+        "s3_access_key_id", "AENV_S3_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"))
+    """S3 access key; also read from ``AWS_ACCESS_KEY_ID``."""
+
+    s3_secret_access_key: SecretStr | None = Field(default=None, validation_alias=AliasChoices(
+        "s3_secret_access_key", "AENV_S3_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"))
+    """S3 secret key; also read from ``AWS_SECRET_ACCESS_KEY``."""
+
+    s3_allow_http: bool = Field(default=False, validation_alias=AliasChoices(
+        "s3_allow_http", "AENV_S3_ALLOW_HTTP", "AWS_ALLOW_HTTP"))
+    """Allow a plain-HTTP S3 endpoint; also read from ``AWS_ALLOW_HTTP``."""
+
+    s3_virtual_hosted: bool = Field(default=False, validation_alias=AliasChoices(
+        "s3_virtual_hosted", "AENV_S3_VIRTUAL_HOSTED", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST"))
+    """Virtual-hosted addressing (``BUCKET.endpoint``) instead of path style."""
+
+    repository_cache_bytes: int = Field(default=50 << 30, ge=0)
+    """Disk this node may use for its copies of repository blobs (memory images, layer and
+    bundle tarballs), in bytes (0: unbounded); least recently used ones are dropped beyond it
+    and fetched again when needed."""
+
     envd_bundle: Path | None = None
     """envd bundle directory mounted into sandboxes. Unset: ``<home>/envd-bundle``, built on
     first start."""
@@ -181,6 +217,20 @@ class Settings(BaseSettings):
         if config_file.is_file():
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
         return tuple(sources)
+
+    def repository_location(self) -> str:
+        """The repository setting, with its default filled in."""
+        return self.repository or str(self.home / "repository")
+
+    def s3_options(self) -> dict[str, Any]:
+        """The S3 connection options, as ``storage.objects.S3Location`` takes them."""
+        secret = self.s3_secret_access_key
+        return {
+            "endpoint": self.s3_endpoint, "region": self.s3_region,
+            "access_key_id": self.s3_access_key_id,
+            "secret_access_key": secret.get_secret_value() if secret else None,
+            "allow_http": self.s3_allow_http, "virtual_hosted": self.s3_virtual_hosted,
+        }
 
     @property
     def host(self) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aenv.core.errors import DeadlineExceeded, InvalidArgument
 from aenv.core.ids import new_access_token, new_sandbox_id
+from aenv.orchestrator import restore_match
 from aenv.orchestrator.build_log import BuildLog
 from aenv.orchestrator.build_state import (
     FINALIZE_STEP,
@@ -32,7 +33,7 @@ from aenv.orchestrator.envd_process import EnvdProcesses
 from aenv.orchestrator.ops.boot import boot_sandbox, discard
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.storage.image_files import lookup_user
-from aenv.storage.repository import Snapshot, SnapshotManifest
+from aenv.storage.repository import Snapshot, SnapshotDraft
 from aenv.storage.view import merged_view
 from aenv.templates.plan import BuildPlan
 
@@ -69,7 +70,8 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
         env_vars=dict(state.env),
     )
     key = chain_key(state.chain, "IMAGE", plan.start_cmd, plan.ready_cmd, spec.cpu_count,
-                 spec.memory_mb, str(node.envd_bundle), user, state.workdir)
+                 spec.memory_mb, node.envd_bundle.name, user, state.workdir,
+                 restore_match.requirements_key(node.host_requirements))
     if not plan.force:
         for existing in node.repository.list(kind="template"):
             m = existing.manifest
@@ -102,16 +104,16 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
         async with quiesced(node, booted.sandbox_id, booted.slot):
             image = await node.runtime.checkpoint(booted.instance, staged.memory_dir,
                                                   leave_running=False)
-        manifest = SnapshotManifest(
+        draft = SnapshotDraft(
             snapshot_id=snapshot_id, kind="template", template_id=spec.template_id,
-            created_at=node.clock(), layers=[str(p) for p in state.layers],
-            envd_bundle=str(booted.envd_bundle), cpu_count=booted.cpu_count,
-            memory_mb=booted.memory_mb, default_user=user,
-            default_workdir=state.workdir,
-            env_vars=dict(state.env), memory_size_bytes=image.size_bytes, envd_token=token,
+            names=[spec.name] if spec.name else [],
+            created_at=node.clock(), requirements=node.host_requirements,
+            cpu_count=booted.cpu_count, memory_mb=booted.memory_mb, default_user=user,
+            default_workdir=state.workdir, env_vars=dict(state.env), envd_token=token,
             metadata={IMAGE_KEY: key},
         )
-        snapshot = await node.repository.commit(staged, manifest)
+        snapshot = await node.repository.commit(
+            staged, draft, layers=state.layers, envd_bundle=booted.envd_bundle)
         log_.info(f"memory image taken ({image.size_bytes / 1e6:.1f} MB)", FINALIZE_STEP)
     except BaseException:
         await asyncio.shield(node.repository.discard(staged))

@@ -107,3 +107,6 @@ class Node:
     build_dir: Path | None = None
     #: Runs template builds (``orchestrator/builder.py``; None: this node builds none).
     builder: Builder | None = None
+    #: What this node offers a memory image (``restore_match.host_requirements``): recorded
+    #: in every manifest with one, checked before every restore of another node's image.
+    host_requirements: dict[str, str] = field(default_factory=dict)

@@ -1,138 +1,102 @@
-"""The snapshot repository, ``posix_fs`` backend: committed snapshots and templates on a local or
-shared filesystem.
+"""The snapshot repository: committed snapshots, templates and paused sandboxes, as manifests
+that name content-addressed blobs, in a posix directory or an S3 bucket shared by nodes.
 
-Owns ``<home>/repository/`` and ``<home>/staging/`` and nothing else::
+Owns, in the object store (``storage/objects.py``)::
 
-    <home>/staging/<id>.<random>/           a snapshot being written (by this process only)
-        memory/                             the runsc memory image, made by the caller's checkpoint
-    <home>/repository/snapshots/<id>/       one committed snapshot, never modified once visible
-        manifest.json                       its :class:`SnapshotManifest`
-        memory/                             checkpoint.img, pages_meta.img, pages.img
-    <home>/repository/trash/<id>.<random>/  a snapshot being deleted (renamed away first)
+    manifests/<id>.json          one committed snapshot (:class:`SnapshotManifest`)
+    blobs/sha256/<hex>           layers (OCI tars), memory-image files, envd bundles
 
-A snapshot appears under its id only by ``rename(2)`` of a complete, fsynced staging directory, and
-leaves it only by a rename into ``trash/``, so a crash at any moment leaves either nothing or the
-whole snapshot visible; :meth:`SnapshotRepository.start` sweeps what crashed writers and deleters
-left in ``staging/`` and ``trash/``. Staging and repository must be on one filesystem.
+and on this node ``<home>/staging/`` (memory images being written) and ``<home>/cache/images/``
+(memory images of committed snapshots, hard links into the blob cache, ready for runsc).
 
-The layers and envd bundle a manifest names are *not* owned here: they live in the layer store
-(or wherever the caller keeps them) and are only referenced by path; :meth:`referenced_paths`
-tells the garbage collector which of them committed snapshots still need. This module runs no
-commands and imports nothing from the runtime: memory images are opaque files to it.
+Commit protocol: every blob a manifest names is put first (skipped when already there), then
+the manifest is put **last** with a conditional create. A snapshot is visible exactly when its
+manifest exists, so a crash at any moment leaves either nothing visible or the whole snapshot;
+blobs a crashed writer left behind are unreferenced and reclaimed by GC (``storage/gc.py``).
+Delete removes the manifest (atomic); its blobs go with the next GC. Local staging is swept at
+start.
 
-This process is the only writer of both directories, so the committed manifests are held in an
-in-memory index loaded once by :meth:`SnapshotRepository.start`; reads never touch the disk.
+Other nodes write the same repository: the index of manifests is refreshed from the store
+(:meth:`SnapshotRepository.refresh`) when asked for something it does not know, and at most
+every :data:`REFRESH_S` for listings. Starting a sandbox from a snapshot made elsewhere first
+fetches what this node lacks (:meth:`SnapshotRepository.materialize`), digests checked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-import errno
+import contextlib
 import logging
 import os
-import re
 import secrets
-import stat
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from aenv.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from aenv.storage.artifacts import Artifacts
+from aenv.storage.blobs import BlobCache, BlobRef, push
 from aenv.storage.files import fsync_dirs, listdir, rmtree
+from aenv.storage.manifest import (
+    IMAGE_FILES,
+    MANIFEST_FORMAT,
+    Blob,
+    MemoryFile,
+    SnapshotDraft,
+    SnapshotManifest,
+    check_snapshot_id,
+    is_snapshot_id,
+)
+from aenv.storage.objects import ObjectStore
+
+__all__ = [
+    "IMAGE_FILES",
+    "MANIFEST_FORMAT",
+    "Materialized",
+    "Snapshot",
+    "SnapshotDraft",
+    "SnapshotManifest",
+    "SnapshotRepository",
+    "Staged",
+    "check_snapshot_id",
+    "is_snapshot_id",
+]
 
 log = logging.getLogger("aenv.storage.repository")
 
-#: The files of a complete runsc memory image. Mirrors ``aenv.runtime.base.IMAGE_FILES``: storage
-#: must not import the runtime (the layering contract), so keep the two in step by hand.
-IMAGE_FILES = ("checkpoint.img", "pages_meta.img", "pages.img")
-
-#: The manifest format this code writes and the newest it can read.
-MANIFEST_FORMAT = 1
-
-# Ids become path components: a short, portable set of characters, never "." or ".." or hidden.
-_SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$")
-_MANIFEST = "manifest.json"
-_MEMORY = "memory"
-_SNAPSHOTS = "snapshots"
-_TRASH = "trash"
+MANIFEST_PREFIX = "manifests/"
+#: How stale a listing may be (other nodes commit and delete behind our back).
+REFRESH_S = 1.0
 
 
-def is_snapshot_id(snapshot_id: str) -> bool:
-    """Whether ``snapshot_id`` is well formed: 1-64 of ``[A-Za-z0-9._-]``, not starting with "."."""
-    return isinstance(snapshot_id, str) and _SNAPSHOT_ID.fullmatch(snapshot_id) is not None
-
-
-def check_snapshot_id(snapshot_id: str) -> str:
-    """Return ``snapshot_id`` if it is well formed, else raise :class:`InvalidArgument`."""
-    if not is_snapshot_id(snapshot_id):
-        raise InvalidArgument(
-            f"invalid snapshot id {snapshot_id!r} "
-            "(want 1-64 characters of A-Z a-z 0-9 . _ -, not starting with '.')"
-        )
-    return snapshot_id
-
-
-class SnapshotManifest(BaseModel):
-    """``manifest.json``: everything needed to resume a snapshot, and nothing about where it ran.
-
-    Strict (unknown fields are an error, so a newer writer's manifest is never half-understood)
-    and frozen (a committed snapshot never changes).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    #: Version of this layout; readers skip manifests newer than :data:`MANIFEST_FORMAT`.
-    format: int = MANIFEST_FORMAT
-    snapshot_id: str
-    #: User-given names (E2B ``name``); several snapshots may share one, the newest wins lookups.
-    names: list[str] = Field(default_factory=list)
-    #: ``template`` for snapshots published as templates, else ``snapshot``.
-    kind: Literal["snapshot", "template"] = "snapshot"
-    #: The sandbox the snapshot was taken of (``None`` if it no longer matters, e.g. templates).
-    source_sandbox_id: str | None = None
-    #: The template the source sandbox was created from.
-    template_id: str
-    #: Unix seconds (wall clock: shown to people, compared across restarts).
-    created_at: float
-    #: Absolute host paths of the read-only rootfs lowers, lowest first.
-    layers: list[str]
-    #: Host path of the envd bundle the memory image was made with (it must match on resume).
-    envd_bundle: str
-    cpu_count: int
-    memory_mb: int
-    default_user: str = "user"
-    #: The template's WORKDIR; None: none (each user's home). Manifests written before None
-    #: existed say ``/home/user``, which is also what their image's envd holds: kept as is.
-    default_workdir: str | None = None
-    env_vars: dict[str, str] = Field(default_factory=dict)
-    metadata: dict[str, str] = Field(default_factory=dict)
-    #: Total size of the memory image files in bytes (0 if unknown).
-    memory_size_bytes: int = 0
-    #: The envd access token baked into the memory image (the source sandbox's): a resume must
-    #: present it to rotate envd to the new sandbox's token. A secret, like the image itself
-    #: (the snapshot directory is 0700, the manifest 0600); kept out of ``repr`` so logs omit it.
-    envd_token: str | None = Field(default=None, repr=False)
+def manifest_key(snapshot_id: str) -> str:
+    return f"{MANIFEST_PREFIX}{check_snapshot_id(snapshot_id)}.json"
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A committed snapshot: its manifest and its directory."""
+    """A committed snapshot: its manifest."""
 
     manifest: SnapshotManifest
-    #: ``<root>/snapshots/<snapshot_id>``.
-    path: Path
-
-    @property
-    def memory_dir(self) -> Path:
-        """The runsc memory image (``checkpoint.img``, ``pages_meta.img``, ``pages.img``)."""
-        return self.path / _MEMORY
 
     @property
     def snapshot_id(self) -> str:
         return self.manifest.snapshot_id
+
+
+@dataclass(frozen=True)
+class Materialized:
+    """What a node needs locally to start a sandbox from a snapshot."""
+
+    #: The runsc memory image directory; ``None`` for a filesystem-only snapshot.
+    image: Path | None
+    #: Layer directories, lowest first.
+    layers: tuple[Path, ...]
+    envd_bundle: Path
 
 
 @dataclass(frozen=True)
@@ -147,90 +111,96 @@ class Staged:
     def memory_dir(self) -> Path:
         """Where the checkpoint must write the memory image; :meth:`SnapshotRepository.stage`
         does not create it (runsc's checkpoint creates its image directory)."""
-        return self.path / _MEMORY
+        return self.path / "memory"
 
 
 class SnapshotRepository:
-    """The ``posix_fs`` snapshot repository of one aenv home."""
-
-    def __init__(self, root: Path, staging: Path) -> None:
-        #: ``<home>/repository``.
-        self.root = Path(root)
-        #: ``<home>/staging``; must be on the filesystem of :attr:`root` (commit is a rename).
+    def __init__(
+        self, store: ObjectStore, artifacts: Artifacts, staging: Path, images: Path
+    ) -> None:
+        self.store = store
+        self.artifacts = artifacts
+        self.cache: BlobCache = artifacts.cache
+        #: ``<home>/staging``.
         self.staging = Path(staging)
-        self._snapshots_dir = self.root / _SNAPSHOTS
-        self._trash_dir = self.root / _TRASH
+        #: ``<home>/cache/images``.
+        self.images = Path(images)
         self._index: dict[str, Snapshot] = {}
-        # Ids whose commit is between its checks and its rename: a second commit of the same id
-        # must fail with AlreadyExists rather than race it.
+        self._refreshed = 0.0
         self._committing: set[str] = set()
+        self._materializing: dict[str, asyncio.Lock] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def start(self) -> builtins.list[str]:
-        """Create the directories, sweep crash leftovers and load the index.
+    async def start(self) -> builtins.list[str]:
+        """Sweep local leftovers and load the index.
 
-        Prerequisites: no other process writes this repository or its staging directory, and
-        no snapshot of this object is being staged (everything in staging is a leftover).
-        On success: ``snapshots/``, ``trash/`` and staging exist; every entry of staging (a
-        crash mid-snapshot) and of ``trash/`` (a crash mid-delete) is removed; the index holds
-        every committed snapshot whose manifest parses. A manifest that does not parse (or
-        names another id, or a newer format) is logged and skipped, never deleted. Returns the
-        paths removed.
-        On failure: ``OSError`` if a directory cannot be created or read, or a leftover cannot
-        be removed; :class:`FailedPrecondition` if something is mounted inside a leftover
-        (nothing is deleted through a mount). The index is then left as it was.
+        Prerequisites: no other process uses this node's staging directory (the node lock).
+        On success: staging is empty (a crash mid-snapshot left it), the index holds every
+        committed manifest that parses; returns the local paths removed.
+        On failure: :class:`Unavailable` if the store cannot be listed (the node does not start
+        on a repository it cannot read); ``OSError`` for local I/O errors.
         """
-        for directory in (self._snapshots_dir, self._trash_dir, self.staging):
-            directory.mkdir(parents=True, exist_ok=True)
         removed: list[str] = []
-        for parent in (self.staging, self._trash_dir):
-            for name in sorted(listdir(parent)):
-                path = parent / name
-                rmtree(path)
-                removed.append(str(path))
-                log.info("removed leftover %s", path)
+        for directory in (self.staging, self.images):
+            directory.mkdir(parents=True, exist_ok=True)
+        for name in sorted(listdir(self.staging)):
+            rmtree(self.staging / name)
+            removed.append(str(self.staging / name))
+            log.info("removed leftover %s", self.staging / name)
+        removed.extend(self.cache.start())
+        self.artifacts.start()
+        await self.refresh(force=True)
+        return removed
+
+    async def refresh(self, *, force: bool = False) -> None:
+        """Re-read the manifests of the store (at most every :data:`REFRESH_S` unless forced)."""
+        if not force and time.monotonic() - self._refreshed < REFRESH_S:
+            return
+        listed = await self.store.list(MANIFEST_PREFIX)
+        keys = {info.key for info in listed}
         index: dict[str, Snapshot] = {}
-        for name in sorted(listdir(self._snapshots_dir)):
-            snapshot = self._load(name)
+        for key in sorted(keys):
+            name = key.removeprefix(MANIFEST_PREFIX).removesuffix(".json")
+            known = self._index.get(name)
+            if known is not None:
+                index[name] = known
+                continue
+            snapshot = await self._load(key, name)
             if snapshot is not None:
                 index[name] = snapshot
         self._index = index
-        return removed
+        self._refreshed = time.monotonic()
 
-    def _load(self, name: str) -> Snapshot | None:
-        """The committed snapshot in ``snapshots/<name>``, or ``None`` (logged) if unusable."""
-        if not is_snapshot_id(name):
-            log.warning("ignoring %s: not a snapshot id", self._snapshots_dir / name)
+    async def _load(self, key: str, name: str) -> Snapshot | None:
+        if not key.endswith(".json") or not is_snapshot_id(name):
             return None
-        path = self._snapshots_dir / name
         try:
-            manifest = SnapshotManifest.model_validate_json((path / _MANIFEST).read_bytes())
-        except (OSError, ValidationError) as exc:
-            log.error("skipping snapshot %s: unreadable manifest: %s", path, exc)
+            raw = await self.store.get_bytes(key)
+        except NotFound:
+            return None  # deleted between the listing and the read
+        try:
+            manifest = SnapshotManifest.model_validate_json(raw)
+        except ValidationError as exc:
+            log.error("skipping manifest %s: %s", key, str(exc).splitlines()[0])
             return None
         if manifest.snapshot_id != name:
-            log.error(
-                "skipping snapshot %s: its manifest names snapshot %r", path, manifest.snapshot_id
-            )
+            log.error("skipping manifest %s: it names snapshot %r", key, manifest.snapshot_id)
             return None
         if manifest.format > MANIFEST_FORMAT:
-            log.error("skipping snapshot %s: manifest format %d is newer", path, manifest.format)
+            log.error("skipping manifest %s: format %d is newer", key, manifest.format)
             return None
-        return Snapshot(manifest, path)
+        return Snapshot(manifest)
 
     # -- writing ------------------------------------------------------------------------------
 
     def stage(self, snapshot_id: str) -> Staged:
         """A new, empty, private staging directory for snapshot ``snapshot_id``.
 
-        Prerequisites: none (the id need not be free yet; :meth:`commit` decides).
         On success: ``<staging>/<id>.<random>/`` exists, empty, mode 0700 (a memory image holds
-        the sandbox's secrets). Its ``memory/`` does not exist yet: the checkpoint creates it.
-        Commit it with :meth:`commit` or drop it with :meth:`discard`; if the process dies
-        first, the next :meth:`start` removes it.
-        On failure: :class:`InvalidArgument` for a malformed id; ``OSError`` if the directory
-        cannot be created.
+        the sandbox's secrets). Commit it with :meth:`commit` or drop it with :meth:`discard`;
+        if the process dies first, the next :meth:`start` removes it.
+        On failure: :class:`InvalidArgument` for a malformed id; ``OSError``.
         """
         check_snapshot_id(snapshot_id)
         self.staging.mkdir(parents=True, exist_ok=True)
@@ -239,63 +209,81 @@ class SnapshotRepository:
         path.chmod(0o700)  # never let umask decide who can read a memory image
         return Staged(snapshot_id, path)
 
-    async def commit(self, staged: Staged, manifest: SnapshotManifest) -> Snapshot:
-        """Make the staged snapshot visible under its id, atomically and durably.
+    async def commit(
+        self,
+        staged: Staged,
+        draft: SnapshotDraft,
+        *,
+        layers: Sequence[Path],
+        envd_bundle: Path,
+        memory: bool = True,
+    ) -> Snapshot:
+        """Publish the staged snapshot under its id: blobs first, the manifest last.
 
-        Prerequisites: ``staged`` came from :meth:`stage` of this repository and nothing writes
-        to it any more; ``staged.memory_dir`` holds the three :data:`IMAGE_FILES`;
-        ``manifest.snapshot_id == staged.snapshot_id``.
-        On success: ``manifest.json`` was written and every file and directory of the staged
-        tree fsynced, then the tree was renamed to ``<root>/snapshots/<id>`` and the parent
-        fsynced; the snapshot is in the index and returned; ``staged.path`` no longer exists.
-        A crash at any point leaves either nothing visible or the complete snapshot.
-        On failure: :class:`InvalidArgument` for a malformed or mismatched id or a foreign
-        staging path; :class:`FailedPrecondition` if an image file is missing or the staging
-        directory is gone or on another filesystem; :class:`AlreadyExists` if the id is
-        taken (also by a snapshot whose manifest was unreadable at :meth:`start`); ``OSError``
-        for I/O errors. Nothing becomes visible; the staged directory is left for the caller to
-        :meth:`discard`. If cancelled after the rename, the snapshot stays committed.
+        ``draft`` is the manifest without its blobs (``layers``, ``memory`` and
+        ``envd_bundle`` are filled in here from the local ``layers``, ``envd_bundle`` and
+        ``staged.memory_dir``; ``memory=False``: a filesystem-only snapshot, no image).
+        Prerequisites: nothing writes to ``staged`` any more; with ``memory``, its memory dir
+        holds the three :data:`IMAGE_FILES`.
+        On success: every blob is in the store, then ``manifests/<id>.json`` was created; the
+        snapshot is indexed, its memory image kept locally for restores, and ``staged`` is gone.
+        On failure: :class:`AlreadyExists` if the id is taken (here or by another node);
+        :class:`FailedPrecondition` for an incomplete image; :class:`Unavailable` if the store
+        failed (after its retries). Nothing is visible; blobs already put wait for GC; the
+        staged directory is left for the caller to :meth:`discard`.
         """
         snapshot_id = check_snapshot_id(staged.snapshot_id)
-        if manifest.snapshot_id != snapshot_id:
+        if draft.snapshot_id != snapshot_id:
             raise InvalidArgument(
-                f"manifest names snapshot {manifest.snapshot_id!r}, staged is {snapshot_id!r}"
-            )
+                f"manifest names snapshot {draft.snapshot_id!r}, staged is {snapshot_id!r}")
         self._check_staged(staged)
         if snapshot_id in self._index or snapshot_id in self._committing:
             raise AlreadyExists(f"snapshot {snapshot_id} already exists")
-        final = self._snapshots_dir / snapshot_id
         self._committing.add(snapshot_id)
         try:
-            # The slow part (fsyncing a memory image can take seconds) runs in a thread; the
-            # rename itself stays on the loop so that it and the index update cannot be split by
-            # a cancellation (a renamed but unindexed snapshot would be invisible until restart).
-            await asyncio.to_thread(_prepare, staged, manifest)
-            if os.path.lexists(final):
-                raise AlreadyExists(f"snapshot {snapshot_id} already exists")
-            try:
-                staged.path.rename(final)
-            except OSError as exc:
-                if exc.errno == errno.EXDEV:
-                    raise FailedPrecondition(
-                        f"staging {self.staging} is not on the filesystem of {self.root}"
-                    ) from exc
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise AlreadyExists(f"snapshot {snapshot_id} already exists") from exc
-                if exc.errno == errno.ENOENT:
-                    raise FailedPrecondition(
-                        f"staging directory {staged.path} no longer exists"
-                    ) from exc
-                raise
-            snapshot = Snapshot(manifest, final)
+            files = await self._adopt_image(staged) if memory else []
+            layer_blobs = [await self.artifacts.layer_blob(path) for path in layers]
+            bundle = await self.artifacts.bundle_blob(envd_bundle)
+            manifest = SnapshotManifest(
+                **draft.model_dump(), layers=layer_blobs, memory=files, envd_bundle=bundle)
+            for path, ref in zip(layers, layer_blobs, strict=True):
+                await self._push(ref, path)
+            await self._push(bundle, envd_bundle)
+            for memory_file in files:
+                await self._push(memory_file, None)
+            await self.store.put_bytes(
+                manifest_key(snapshot_id), manifest.model_dump_json(indent=1).encode(),
+                create=True)
+            snapshot = Snapshot(manifest)
             self._index[snapshot_id] = snapshot
         finally:
             self._committing.discard(snapshot_id)
-        # Make the rename durable: a snapshot reported committed must survive a power cut. (The
-        # staging side only matters for tidiness: start() sweeps whatever reappears there.)
-        await asyncio.to_thread(fsync_dirs, self._snapshots_dir, self.staging)
-        log.info("committed snapshot %s", snapshot_id)
+        if files:
+            await asyncio.to_thread(self._link_image, manifest)
+        await self.discard(staged)
+        log.info("committed snapshot %s to %s", snapshot_id, self.store.describe())
         return snapshot
+
+    async def _adopt_image(self, staged: Staged) -> list[MemoryFile]:
+        files = []
+        for name in IMAGE_FILES:
+            path = staged.memory_dir / name
+            if not path.is_file() or path.is_symlink():
+                raise FailedPrecondition(
+                    f"snapshot {staged.snapshot_id}: memory image incomplete in "
+                    f"{staged.memory_dir}, missing {name}")
+            ref, _ = await self.cache.adopt(path)
+            files.append(MemoryFile(name=name, digest=ref.digest, size=ref.size))  # type: ignore[arg-type]
+        return files
+
+    async def _push(self, ref: Blob, exported_from: Path | None) -> None:
+        blob = BlobRef(ref.digest, ref.size)
+        if exported_from is not None and not self.cache.has(ref.digest):
+            head = await self.store.head(f"blobs/sha256/{ref.digest.removeprefix('sha256:')}")
+            if head is not None:
+                return
+            await self.artifacts.ensure_exported(exported_from, blob)
+        await push(self.store, self.cache, blob)
 
     def _check_staged(self, staged: Staged) -> None:
         # Never rename or delete a path the caller made up: only direct children of our staging
@@ -305,68 +293,44 @@ class SnapshotRepository:
             raise InvalidArgument(f"{path} is not a staging directory of {self.staging}")
 
     async def discard(self, staged: Staged) -> None:
-        """Remove a staging directory that will not be committed.
-
-        Prerequisites: ``staged`` came from :meth:`stage` of this repository; nothing writes to
-        it any more (the checkpoint finished or was killed).
-        On success: the directory is gone; discarding twice, or after a commit, does nothing.
-        On failure: :class:`InvalidArgument` for a foreign path; :class:`FailedPrecondition` if
-        something is mounted inside it; ``OSError`` for I/O errors (what is left is swept by
-        the next :meth:`start`).
-        """
+        """Remove a staging directory (idempotent; after a commit it is already gone)."""
         check_snapshot_id(staged.snapshot_id)
         self._check_staged(staged)
         await asyncio.to_thread(rmtree, staged.path)
 
     async def delete(self, snapshot_id: str) -> None:
-        """Delete snapshot ``snapshot_id``.
+        """Delete snapshot ``snapshot_id``: its manifest goes (atomically), its blobs with GC.
 
-        Prerequisites: no sandbox is being resumed from it right now (a restore reads its
-        memory image; the caller serializes the two).
-        On success: the snapshot vanished atomically (renamed into ``trash/`` and dropped from
-        the index, in that order, before any file is deleted), then its files were removed.
-        On failure: :class:`NotFound` if there is no such snapshot (a malformed id included);
-        ``OSError`` if the rename fails (the snapshot is then untouched). Once the rename is
-        done the delete has happened: a failure to remove the files is only logged and what is
-        left waits in ``trash/`` for the next :meth:`start`.
+        Prerequisites: no sandbox is being started from it right now (the caller serializes).
+        On failure: :class:`NotFound` if there is no such snapshot; :class:`Unavailable`.
         """
-        if not is_snapshot_id(snapshot_id) or snapshot_id not in self._index:
+        snapshot = await self.lookup(snapshot_id)
+        if snapshot is None or snapshot.snapshot_id != snapshot_id:
             raise NotFound(f"snapshot {snapshot_id} not found")
-        snapshot = self._index[snapshot_id]
-        self._trash_dir.mkdir(parents=True, exist_ok=True)
-        doomed = self._trash_dir / f"{snapshot_id}.{secrets.token_hex(6)}"
-        # One metadata syscall, on the loop on purpose: the rename and the index update must
-        # not be split by a cancellation.
-        try:
-            snapshot.path.rename(doomed)
-        except FileNotFoundError:
-            # Removed behind our back (we are the only writer, so by hand): the index was stale.
-            del self._index[snapshot_id]
-            raise NotFound(f"snapshot {snapshot_id} not found") from None
-        del self._index[snapshot_id]
+        await self.store.delete(manifest_key(snapshot_id))
+        self._index.pop(snapshot_id, None)
+        await asyncio.to_thread(rmtree, self.images / snapshot_id)
         log.info("deleted snapshot %s", snapshot_id)
-        try:
-            await asyncio.to_thread(fsync_dirs, self._snapshots_dir, self._trash_dir)
-            await asyncio.to_thread(rmtree, doomed)
-        except (OSError, FailedPrecondition) as exc:
-            log.warning("could not remove %s (start() will): %s", doomed, exc)
 
     # -- reading ------------------------------------------------------------------------------
 
     def get(self, snapshot_id: str) -> Snapshot | None:
-        """The committed snapshot ``snapshot_id``, or ``None`` (also for a malformed id)."""
+        """The indexed snapshot ``snapshot_id``, or ``None`` (also for a malformed id)."""
         if not is_snapshot_id(snapshot_id):
             return None
         return self._index.get(snapshot_id)
 
-    def require(self, snapshot_id: str) -> Snapshot:
-        """The committed snapshot ``snapshot_id``.
+    async def lookup(self, name_or_id: str) -> Snapshot | None:
+        """:meth:`find`, refreshing the index from the store first if it does not know it."""
+        found = self.find(name_or_id)
+        if found is None and is_snapshot_id(name_or_id):
+            await self.refresh(force=True)
+            found = self.find(name_or_id)
+        return found
 
-        Prerequisites: none. On success: the snapshot.
-        On failure: :class:`NotFound` if there is none (a malformed id included).
-        """
-        snapshot = self.get(snapshot_id)
-        if snapshot is None:
+    async def require(self, snapshot_id: str) -> Snapshot:
+        snapshot = await self.lookup(snapshot_id)
+        if snapshot is None or snapshot.snapshot_id != snapshot_id:
             raise NotFound(f"snapshot {snapshot_id} not found")
         return snapshot
 
@@ -388,11 +352,7 @@ class SnapshotRepository:
         name: str | None = None,
         kind: str | None = "snapshot",
     ) -> builtins.list[Snapshot]:
-        """Committed snapshots, newest first (``created_at`` descending, then id descending).
-
-        Each filter given must match: ``sandbox_id`` the source sandbox, ``name`` one of the
-        names, ``kind`` the kind (``None``: every kind).
-        """
+        """Indexed snapshots, newest first (``created_at`` descending, then id descending)."""
         found = [
             s
             for s in self._index.values()
@@ -403,57 +363,56 @@ class SnapshotRepository:
         found.sort(key=lambda s: (s.manifest.created_at, s.snapshot_id), reverse=True)
         return found
 
-    def referenced_paths(self) -> set[Path]:
-        """Every layer and envd bundle path a committed manifest names (what GC must keep)."""
-        paths: set[Path] = set()
+    def referenced_digests(self) -> set[str]:
+        """Every blob an indexed manifest names."""
+        found: set[str] = set()
         for snapshot in self._index.values():
-            paths.update(Path(layer) for layer in snapshot.manifest.layers)
-            paths.add(Path(snapshot.manifest.envd_bundle))
-        return paths
+            found |= snapshot.manifest.digests()
+        return found
 
+    # -- making a snapshot usable here --------------------------------------------------------
 
-# -- blocking helpers (run in worker threads) ---------------------------------------------------
+    async def materialize(self, snapshot: Snapshot, own_bundle: Path) -> Materialized:
+        """Everything a restore of ``snapshot`` needs, on this node's disk.
 
+        Fetches what is missing (memory-image files into the blob cache, layers into the layer
+        store, the envd bundle if it is not this node's), each checked against its digest.
+        On failure: :class:`NotFound` if a blob is gone from the store; :class:`DataLoss` for a
+        corrupt one; :class:`Unavailable` when the store is unreachable.
+        """
+        manifest = snapshot.manifest
+        layers = tuple([await self.artifacts.ensure_layer(self.store, ref)
+                        for ref in manifest.layers])
+        bundle = await self.artifacts.ensure_bundle(self.store, manifest.envd_bundle, own_bundle)
+        if not manifest.memory:
+            return Materialized(None, layers, bundle)
+        lock = self._materializing.setdefault(snapshot.snapshot_id, asyncio.Lock())
+        async with lock:
+            image = self.images / snapshot.snapshot_id
+            if not _image_complete(image):
+                for ref in manifest.memory:
+                    await self.cache.fetch(self.store, BlobRef(ref.digest, ref.size))
+                await asyncio.to_thread(self._link_image, manifest)
+        return Materialized(image, layers, bundle)
 
-def _prepare(staged: Staged, manifest: SnapshotManifest) -> None:
-    """Check the memory image, write ``manifest.json`` and fsync the whole staged tree."""
-    if not staged.path.is_dir():
-        raise FailedPrecondition(f"staging directory {staged.path} does not exist")
-    missing = []
-    for name in IMAGE_FILES:
+    def _link_image(self, manifest: SnapshotManifest) -> None:
+        """``<images>/<id>/`` as hard links of the cached memory-image blobs (blocking)."""
+        final = self.images / manifest.snapshot_id
+        if _image_complete(final):
+            return
+        building = self.images / f".{manifest.snapshot_id}.{secrets.token_hex(4)}"
+        building.mkdir(0o700, parents=True)
         try:
-            st = os.lstat(staged.memory_dir / name)
-        except FileNotFoundError:
-            missing.append(name)
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            missing.append(name)
-    if missing:
-        raise FailedPrecondition(
-            f"snapshot {staged.snapshot_id}: memory image incomplete in {staged.memory_dir}, "
-            f"missing {', '.join(missing)}"
-        )
-    fd = os.open(
-        staged.path / _MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600
-    )
-    with open(fd, "w") as fh:
-        fh.write(manifest.model_dump_json(indent=1))
-        fh.write("\n")
-    _fsync_tree(staged.path)
+            for ref in manifest.memory:
+                os.link(self.cache.path(ref.digest), building / ref.name)
+            with contextlib.suppress(FileNotFoundError):
+                rmtree(final)
+            building.rename(final)
+            fsync_dirs(self.images)
+        except BaseException:
+            rmtree(building)
+            raise
 
 
-def _fsync_tree(root: Path) -> None:
-    """fsync every regular file and directory under ``root`` (symlinks are not followed)."""
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            if not stat.S_ISREG(os.lstat(path).st_mode):
-                continue
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        # A directory's fsync makes its entries durable; the rename that publishes the tree
-        # comes after every one of these, so the order among them does not matter.
-        fsync_dirs(Path(dirpath))
+def _image_complete(image: Path) -> bool:
+    return all((image / name).is_file() for name in IMAGE_FILES)

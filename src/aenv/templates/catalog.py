@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from aenv.core.errors import NotFound
+from aenv.orchestrator import restore_match
 from aenv.orchestrator.deps import Template
 from aenv.storage.layers import LayerStore
 from aenv.storage.repository import Snapshot, SnapshotRepository
@@ -29,6 +30,10 @@ class TemplateCatalog:
         self._base: Template | None = None
         #: Built templates (set once the node's database is open).
         self.built: TemplateStore | None = None
+        #: This node's envd bundle (a snapshot made with the same bytes uses it).
+        self.own_bundle: Path | None = None
+        #: What this node's runtime offers a memory image (``restore_match``).
+        self.host: dict[str, str] = {}
 
     async def prepare(self, on_progress: ProgressCallback | None = None) -> None:
         """Build (or find) the base template's layer; a no-op when it is already built."""
@@ -42,9 +47,9 @@ class TemplateCatalog:
     async def resolve(self, name: str) -> Template:
         if name == BASE and self._base is not None:
             return self._base
-        snapshot = self._repository.find(name)
+        snapshot = await self._repository.lookup(name)
         if snapshot is not None and snapshot.manifest.kind == "snapshot":
-            return from_snapshot(snapshot)
+            return await self.from_snapshot(snapshot)
         built = await self._resolve_built(name)
         if built is not None:
             return built
@@ -56,33 +61,54 @@ class TemplateCatalog:
         base, sep, tag = name.partition(":")
         record = await self.built.get_template(base)
         if record is None:
-            return None
+            return await self._built_elsewhere(base) if not sep or tag == DEFAULT_TAG else None
         build_id = await self.built.tagged_build(record.template_id, tag if sep else DEFAULT_TAG)
         if build_id is None:
             raise NotFound(f"template '{name}' has no ready build"
                            + (f" tagged '{tag}'" if sep else ""))
         build = await self.built.get_build(record.template_id, build_id)
-        snapshot = self._repository.get(build.snapshot_id) if build and build.snapshot_id else None
+        snapshot = (await self._repository.lookup(build.snapshot_id)
+                    if build and build.snapshot_id else None)
         if snapshot is None:
             raise NotFound(f"template '{name}' has lost its memory image; build it again")
-        return replace(from_snapshot(snapshot), template_id=record.template_id,
+        return replace(await self.from_snapshot(snapshot), template_id=record.template_id,
                        alias=record.name, snapshot_id=None)
 
+    async def _built_elsewhere(self, name: str) -> Template | None:
+        """A template another node sharing the repository built: its newest memory image
+        under that name or template id (tags live in the building node's database)."""
+        await self._repository.refresh()
+        images = [s for s in self._repository.list(kind="template")
+                  if name in s.manifest.names or s.manifest.template_id == name]
+        if not images:
+            return None
+        newest = images[0]
+        return replace(await self.from_snapshot(newest), template_id=newest.manifest.template_id,
+                       alias=name, snapshot_id=None)
 
-def from_snapshot(snapshot: Snapshot) -> Template:
-    m = snapshot.manifest
-    return Template(
-        template_id=m.snapshot_id,
-        alias=m.names[0] if m.names else None,
-        layers=tuple(Path(p) for p in m.layers),
-        cpu_count=m.cpu_count,
-        memory_mb=m.memory_mb,
-        default_user=m.default_user,
-        default_workdir=m.default_workdir,
-        image=snapshot.memory_dir,
-        envd_bundle=Path(m.envd_bundle),
-        envd_token=m.envd_token,
-        env_vars=dict(m.env_vars),
-        metadata=dict(m.metadata),
-        snapshot_id=m.snapshot_id,
-    )
+    async def from_snapshot(self, snapshot: Snapshot) -> Template:
+        """A template that restores ``snapshot``, with what it needs fetched to this node.
+
+        On failure: :class:`FailedPrecondition` if this node cannot restore its memory image
+        (another runsc build, platform or CPU); the repository's errors when fetching.
+        """
+        m = snapshot.manifest
+        if m.memory:
+            restore_match.check(m.snapshot_id, m.requirements, self.host)
+        assert self.own_bundle is not None, "the catalog is used before the node set its bundle"
+        local = await self._repository.materialize(snapshot, self.own_bundle)
+        return Template(
+            template_id=m.snapshot_id,
+            alias=m.names[0] if m.names else None,
+            layers=local.layers,
+            cpu_count=m.cpu_count,
+            memory_mb=m.memory_mb,
+            default_user=m.default_user,
+            default_workdir=m.default_workdir,
+            image=local.image,
+            envd_bundle=local.envd_bundle,
+            envd_token=m.envd_token,
+            env_vars=dict(m.env_vars),
+            metadata=dict(m.metadata),
+            snapshot_id=m.snapshot_id,
+        )

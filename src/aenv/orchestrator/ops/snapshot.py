@@ -7,8 +7,11 @@ client's open command stream ends and can re-attach to the process, which lives 
 
 Prerequisites: the sandbox is running. On success: the snapshot is committed and visible
 (``templateID`` for create, ``GET /snapshots``); the source is ``running`` again.
+The source is ``running`` again as soon as its image is on this node's disk; the commit to
+the repository (blobs, then the manifest) follows.
 On failure: nothing is visible (the staged image is removed); the source runs on.
-A crash mid-snapshot leaves only a staging directory, which the repository removes at start.
+A crash mid-snapshot leaves only a staging directory, which the repository removes at start,
+and perhaps blobs without a manifest, which GC removes.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode, envd_bundle_of
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.runtime.base import MemoryImage
-from aenv.storage.repository import Snapshot, SnapshotManifest
+from aenv.storage.repository import Snapshot, SnapshotDraft
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.snapshot")
@@ -41,23 +44,25 @@ async def create_snapshot(node: Node, sandbox_id: str, name: str | None) -> Snap
 
 async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snapshot:
     started = time.monotonic()
+    staged = node.repository.stage(new_snapshot_id())
     try:
-        staged = node.repository.stage(new_snapshot_id())
         try:
-            image = await checkpoint_running(node, record, staged.memory_dir)
-            saved = time.monotonic()
-            manifest = manifest_of(node, record, staged.snapshot_id, name)
-            snapshot = await node.repository.commit(
-                staged, manifest.model_copy(update={"memory_size_bytes": image.size_bytes})
-            )
-        except BaseException:
-            await node.repository.discard(staged)
-            raise
-    finally:
-        await back_to_running(node, record)
-    log.info("snapshot %s of %s in %.0f ms (save %.0f ms, %.1f MB)", snapshot.snapshot_id,
-             record.sandbox_id, (time.monotonic() - started) * 1000,
-             (saved - started) * 1000, snapshot.manifest.memory_size_bytes / 1e6)
+            await checkpoint_running(node, record, staged.memory_dir)
+        finally:
+            # The image is on the node's disk: the source runs on while it is committed.
+            await back_to_running(node, record)
+        saved = time.monotonic()
+        snapshot = await node.repository.commit(
+            staged, draft_of(node, record, staged.snapshot_id, name),
+            layers=node.rootfs.recorded_lowers(record.sandbox_id) or [],
+            envd_bundle=envd_bundle_of(record.instance, node.envd_bundle))
+    except BaseException:
+        await node.repository.discard(staged)
+        raise
+    log.info("snapshot %s of %s in %.0f ms (save %.0f ms, commit %.0f ms, %.1f MB)",
+             snapshot.snapshot_id, record.sandbox_id, (time.monotonic() - started) * 1000,
+             (saved - started) * 1000, (time.monotonic() - saved) * 1000,
+             snapshot.manifest.memory_size_bytes / 1e6)
     return snapshot
 
 
@@ -70,18 +75,16 @@ async def checkpoint_running(node: Node, record: SandboxRecord, dest: Path) -> M
         return await node.runtime.checkpoint(instance, dest, leave_running=True)
 
 
-def manifest_of(
+def draft_of(
     node: Node, record: SandboxRecord, snapshot_id: str, name: str | None
-) -> SnapshotManifest:
-    lowers = node.rootfs.recorded_lowers(record.sandbox_id) or []
-    return SnapshotManifest(
+) -> SnapshotDraft:
+    return SnapshotDraft(
         snapshot_id=snapshot_id,
         names=[name] if name else [],
         source_sandbox_id=record.sandbox_id,
         template_id=record.template_id,
         created_at=node.clock(),
-        layers=[str(p) for p in lowers],
-        envd_bundle=str(envd_bundle_of(record.instance, node.envd_bundle)),
+        requirements=node.host_requirements,
         cpu_count=record.cpu_count,
         memory_mb=record.memory_mb,
         env_vars=record.env_vars,

@@ -1,0 +1,262 @@
+"""Content-addressed blobs: in the repository by digest, and the node's local cache of them.
+
+Owns ``<home>/cache/blobs/`` and nothing else::
+
+    <home>/cache/blobs/sha256/<hex>       one blob, named by the sha256 of its bytes, read-only
+    <home>/cache/blobs/.partial/<random>  a fetch or adoption in progress (swept at start)
+
+In the repository a blob is the object ``blobs/sha256/<hex>``. A blob is written once and never
+changed, so whoever has the digest has the bytes: a put of a blob that exists is skipped, and a
+fetched blob is hashed on the way and kept only if it matches (a corrupt or truncated download
+is an error, never a cached file). Several snapshots share a blob (the base layer, the envd
+bundle); the garbage collector (``storage/gc.py``) removes those no manifest names.
+
+The cache is bounded (``repository_cache_bytes``): :meth:`BlobCache.trim` drops the least
+recently used blobs nothing has pinned; a dropped blob is fetched again when needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from aenv.core.errors import DataLoss, InvalidArgument
+from aenv.storage.files import fsync_dirs, listdir, rmtree
+from aenv.storage.objects import ObjectStore
+
+log = logging.getLogger("aenv.storage.blobs")
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_READ_BYTES = 1 << 20
+BLOB_PREFIX = "blobs/sha256/"
+
+
+def check_digest(digest: str) -> str:
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise InvalidArgument(f"invalid blob digest {digest!r} (want sha256:<64 hex digits>)")
+    return digest
+
+
+def blob_key(digest: str) -> str:
+    """The repository key of a blob."""
+    return BLOB_PREFIX + check_digest(digest).removeprefix("sha256:")
+
+
+def digest_of_key(key: str) -> str | None:
+    """The digest a repository key names, or ``None`` if it is not a blob key."""
+    if not key.startswith(BLOB_PREFIX):
+        return None
+    digest = "sha256:" + key.removeprefix(BLOB_PREFIX)
+    return digest if _DIGEST.fullmatch(digest) else None
+
+
+def hash_file(path: Path) -> tuple[str, int]:
+    """``(digest, size)`` of a file (blocking)."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(_READ_BYTES):
+            h.update(chunk)
+            size += len(chunk)
+    return "sha256:" + h.hexdigest(), size
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    digest: str
+    size: int
+
+
+class BlobCache:
+    """The node's local copies of repository blobs."""
+
+    def __init__(self, root: Path, budget_bytes: int = 0) -> None:
+        #: ``<home>/cache/blobs``.
+        self.root = Path(root)
+        self._dir = self.root / "sha256"
+        self._partial = self.root / ".partial"
+        #: 0: unbounded.
+        self.budget_bytes = budget_bytes
+        self._fetching: dict[str, asyncio.Future[Path]] = {}
+        self._pins: dict[str, int] = {}
+
+    def start(self) -> list[str]:
+        """Create the directories and remove what crashed fetches left; returns the removed."""
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._partial.mkdir(parents=True, exist_ok=True)
+        removed = []
+        for name in listdir(self._partial):
+            rmtree(self._partial / name)
+            removed.append(str(self._partial / name))
+        return removed
+
+    def path(self, digest: str) -> Path:
+        return self._dir / check_digest(digest).removeprefix("sha256:")
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def usage(self) -> int:
+        return sum(size for _, size, _ in self._entries())
+
+    # -- filling ------------------------------------------------------------------------------
+
+    async def adopt(self, path: Path) -> tuple[BlobRef, Path]:
+        """Take a local file the node made (a memory image file, an exported layer) as a blob.
+
+        On success: the file is hashed and hard-linked into the cache (copied if on another
+        filesystem); the cached file is returned. The source is unchanged (do not modify it
+        afterwards: it shares the inode).
+        """
+        digest, size = await asyncio.to_thread(hash_file, path)
+        final = self.path(digest)
+        if not final.exists():
+            await asyncio.to_thread(self._place, path, final)
+        return BlobRef(digest, size), final
+
+    def _place(self, source: Path, final: Path) -> None:
+        self._partial.mkdir(parents=True, exist_ok=True)
+        temporary = self._partial / secrets.token_hex(8)
+        try:
+            os.link(source, temporary)
+        except OSError:
+            _copy_file(source, temporary)
+        temporary.chmod(0o400)
+        temporary.rename(final)
+
+    async def fetch(self, store: ObjectStore, ref: BlobRef) -> Path:
+        """The cached file of blob ``ref``, downloaded from ``store`` first if missing.
+
+        Concurrent fetches of one digest share one download.
+        On failure: :class:`DataLoss` if the bytes do not match the digest or size (nothing is
+        kept); :class:`NotFound` / :class:`Unavailable` from the store.
+        """
+        final = self.path(ref.digest)
+        if final.is_file():
+            self._touch(final)
+            return final
+        running = self._fetching.get(ref.digest)
+        if running is not None:
+            return await asyncio.shield(running)
+        future: asyncio.Future[Path] = asyncio.get_running_loop().create_future()
+        self._fetching[ref.digest] = future
+        try:
+            path = await self._download(store, ref, final)
+            future.set_result(path)
+            return path
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a fetch nobody else awaited must not warn
+            raise
+        finally:
+            del self._fetching[ref.digest]
+
+    async def _download(self, store: ObjectStore, ref: BlobRef, final: Path) -> Path:
+        self._partial.mkdir(parents=True, exist_ok=True)
+        temporary = self._partial / secrets.token_hex(8)
+        h = hashlib.sha256()
+        size = 0
+        try:
+            with open(temporary, "wb") as out:
+                async for chunk in store.stream(blob_key(ref.digest)):
+                    h.update(chunk)
+                    size += len(chunk)
+                    await asyncio.to_thread(out.write, chunk)
+                await asyncio.to_thread(os.fsync, out.fileno())
+            got = "sha256:" + h.hexdigest()
+            if got != ref.digest or size != ref.size:
+                raise DataLoss(
+                    f"blob {ref.digest} from {store.describe()} is corrupt: got {size} bytes "
+                    f"hashing to {got}, want {ref.size} bytes"
+                )
+            temporary.chmod(0o400)
+            temporary.rename(final)
+            fsync_dirs(final.parent)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise
+        log.info("fetched blob %s (%d bytes)", ref.digest, ref.size)
+        return final
+
+    # -- bounding -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def pinned(self, digests: Iterable[str]) -> Iterator[None]:
+        """Keep these blobs from :meth:`trim` while the block runs (a restore reading them)."""
+        held = list(digests)
+        for digest in held:
+            self._pins[digest] = self._pins.get(digest, 0) + 1
+        try:
+            yield
+        finally:
+            for digest in held:
+                self._pins[digest] -= 1
+                if not self._pins[digest]:
+                    del self._pins[digest]
+
+    def trim(self, keep: Iterable[str] = ()) -> list[str]:
+        """Drop least recently used blobs until the cache fits its budget; returns the digests.
+
+        Never drops a pinned blob or one in ``keep``.
+        """
+        if not self.budget_bytes:
+            return []
+        entries = sorted(self._entries(), key=lambda entry: entry[2])
+        usage = sum(size for _, size, _ in entries)
+        protected = set(keep) | set(self._pins)
+        dropped = []
+        for digest, size, _ in entries:
+            if usage <= self.budget_bytes:
+                break
+            if digest in protected:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                self.path(digest).unlink()
+            usage -= size
+            dropped.append(digest)
+        if dropped:
+            log.info("cache over budget: dropped %d blobs", len(dropped))
+        return dropped
+
+    def _entries(self) -> list[tuple[str, int, float]]:
+        found = []
+        for name in listdir(self._dir):
+            try:
+                st = os.stat(self._dir / name)
+            except FileNotFoundError:
+                continue
+            found.append(("sha256:" + name, st.st_size, st.st_atime))
+        return found
+
+    def _touch(self, path: Path) -> None:
+        # relatime may not update atime on reads; the cache's recency is set by hand.
+        now = time.time()
+        with contextlib.suppress(OSError):
+            os.utime(path, (now, os.stat(path).st_mtime))
+
+
+async def push(store: ObjectStore, cache: BlobCache, ref: BlobRef) -> bool:
+    """Put blob ``ref`` (in ``cache``) into ``store`` unless it is there; True if it was put."""
+    key = blob_key(ref.digest)
+    existing = await store.head(key)
+    if existing is not None and existing.size == ref.size:
+        return False
+    await store.put_file(key, cache.path(ref.digest))
+    return True
+
+
+def _copy_file(source: Path, destination: Path) -> None:
+    with open(source, "rb") as src, open(destination, "wb") as dst:
+        while chunk := src.read(_READ_BYTES):
+            dst.write(chunk)
+        os.fsync(dst.fileno())
