@@ -126,6 +126,13 @@ class BlobCache:
     def _place(self, source: Path, final: Path) -> None:
         self._partial.mkdir(parents=True, exist_ok=True)
         temporary = self._partial / secrets.token_hex(8)
+        # Durable before it is named by digest: a memory image fresh from a checkpoint may
+        # still be in the page cache, and a committed snapshot must survive a power cut.
+        fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         try:
             os.link(source, temporary)
         except OSError:

@@ -217,12 +217,14 @@ class SnapshotRepository:
         layers: Sequence[Path],
         envd_bundle: Path,
         memory: bool = True,
+        memory_dir: Path | None = None,
     ) -> Snapshot:
         """Publish the staged snapshot under its id: blobs first, the manifest last.
 
         ``draft`` is the manifest without its blobs (``layers``, ``memory`` and
         ``envd_bundle`` are filled in here from the local ``layers``, ``envd_bundle`` and
-        ``staged.memory_dir``; ``memory=False``: a filesystem-only snapshot, no image).
+        ``staged.memory_dir``, or ``memory_dir`` if given: an image kept elsewhere, linked,
+        never moved; ``memory=False``: a filesystem-only snapshot, no image).
         Prerequisites: nothing writes to ``staged`` any more; with ``memory``, its memory dir
         holds the three :data:`IMAGE_FILES`.
         On success: every blob is in the store, then ``manifests/<id>.json`` was created; the
@@ -241,7 +243,8 @@ class SnapshotRepository:
             raise AlreadyExists(f"snapshot {snapshot_id} already exists")
         self._committing.add(snapshot_id)
         try:
-            files = await self._adopt_image(staged) if memory else []
+            files = (await self._adopt_image(staged.snapshot_id, memory_dir or staged.memory_dir)
+                     if memory else [])
             layer_blobs = [await self.artifacts.layer_blob(path) for path in layers]
             bundle = await self.artifacts.bundle_blob(envd_bundle)
             manifest = SnapshotManifest(
@@ -264,14 +267,14 @@ class SnapshotRepository:
         log.info("committed snapshot %s to %s", snapshot_id, self.store.describe())
         return snapshot
 
-    async def _adopt_image(self, staged: Staged) -> list[MemoryFile]:
+    async def _adopt_image(self, snapshot_id: str, memory_dir: Path) -> list[MemoryFile]:
         files = []
         for name in IMAGE_FILES:
-            path = staged.memory_dir / name
+            path = memory_dir / name
             if not path.is_file() or path.is_symlink():
                 raise FailedPrecondition(
-                    f"snapshot {staged.snapshot_id}: memory image incomplete in "
-                    f"{staged.memory_dir}, missing {name}")
+                    f"snapshot {snapshot_id}: memory image incomplete in {memory_dir}, "
+                    f"missing {name}")
             ref, _ = await self.cache.adopt(path)
             files.append(MemoryFile(name=name, digest=ref.digest, size=ref.size))  # type: ignore[arg-type]
         return files
@@ -319,6 +322,14 @@ class SnapshotRepository:
         if not is_snapshot_id(snapshot_id):
             return None
         return self._index.get(snapshot_id)
+
+    async def committed(self, snapshot_id: str) -> bool:
+        """Whether the store holds the manifest of ``snapshot_id`` now (one request, no
+        listing: the index may be stale)."""
+        found = await self.store.head(manifest_key(snapshot_id)) is not None
+        if not found:
+            self._index.pop(snapshot_id, None)
+        return found
 
     async def lookup(self, name_or_id: str) -> Snapshot | None:
         """:meth:`find`, refreshing the index from the store first if it does not know it."""

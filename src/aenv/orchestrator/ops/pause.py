@@ -27,6 +27,7 @@ from pathlib import Path
 
 from aenv.core.errors import Conflict, FailedPrecondition, InDoubt
 from aenv.core.states import SandboxState
+from aenv.orchestrator import paused_repo
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
 from aenv.orchestrator.ops.quiesce import quiesced
@@ -127,7 +128,9 @@ async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
     )
     log.info("paused %s to disk in %.0f ms (%.1f MB)", sid,
              (time.monotonic() - started) * 1000, image.size_bytes / 1e6)
-    return record
+    # Durable here first, then in the repository for any node to resume (a failure there
+    # leaves it paused on this node only).
+    return await paused_repo.publish_or_keep(node, record)
 
 
 def _seal(partial: Path, final: Path) -> None:

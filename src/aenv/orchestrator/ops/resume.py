@@ -20,9 +20,17 @@ import logging
 import shutil
 import time
 
-from aenv.core.errors import Conflict, FailedPrecondition, InDoubt, NotFound, Unavailable
+from aenv.core.errors import (
+    AenvError,
+    Conflict,
+    FailedPrecondition,
+    InDoubt,
+    NotFound,
+    Unavailable,
+)
 from aenv.core.states import SandboxState
 from aenv.network.base import NetSlot
+from aenv.orchestrator import paused_repo
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_from
 from aenv.orchestrator.envd_client import EnvdClient
@@ -35,6 +43,7 @@ from aenv.orchestrator.instance_codec import (
 )
 from aenv.orchestrator.ops.lifetime import set_timeout
 from aenv.orchestrator.ops.settle import settled
+from aenv.orchestrator.ops.teardown import teardown
 from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
 from aenv.store.models import SandboxRecord
 
@@ -48,7 +57,13 @@ async def resume(
 ) -> tuple[SandboxRecord, bool]:
     seconds = node.settings.default_timeout_s if timeout_s is None else timeout_s
     for _ in range(_RETRIES):
-        record = await settled(node, sandbox_id)
+        try:
+            record = await settled(node, sandbox_id)
+        except NotFound:
+            # Paused by another node sharing the repository?
+            if await paused_repo.adopt(node, sandbox_id) is None:
+                raise
+            record = await settled(node, sandbox_id)
         if record.state == SandboxState.RUNNING:
             return await set_timeout(node, sandbox_id, seconds, allow_shorter=False), False
         if record.state == SandboxState.KILLING:
@@ -88,6 +103,11 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
         consumed = None
         how = "thawed"
     else:
+        if await paused_repo.moved_away(node, record):
+            await node.store.update(record, state=SandboxState.KILLING)
+            await teardown(node, record)
+            await node.store.delete(await node.store.require(record.sandbox_id))
+            raise NotFound(f"sandbox {record.sandbox_id} was resumed on another node")
         record, data = await _restore(node, record)
         consumed = paused_image(record.instance)
         how = "restored"
@@ -97,8 +117,13 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
     )
     if consumed is not None:
         # The record no longer names it: a crash before this line leaves a stray image
-        # that recovery deletes.
+        # that recovery deletes (and a stray manifest, which the next pause replaces).
         await asyncio.to_thread(shutil.rmtree, consumed, True)
+        try:
+            await paused_repo.unpublish(node, record.sandbox_id)
+        except AenvError as exc:
+            log.warning("resumed %s, but could not remove its paused manifest: %s",
+                        record.sandbox_id, exc.message)
     log.info("resumed %s (%s) in %.0f ms", record.sandbox_id, how,
              (time.monotonic() - started) * 1000)
     return record

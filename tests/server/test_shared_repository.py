@@ -1,0 +1,163 @@
+"""Two nodes on this machine sharing one S3 repository (a real moto server process).
+
+A template built on node A, a snapshot taken on A and a sandbox paused on A all start on node B
+after A is killed and its home deleted: B has nothing of A's but the repository. Each node has
+its own ``AENV_HOME``, port and network-slot range; they share only the layers directory of
+the test cache (so B does not rebuild the Debian base) — the built template's own layer is
+removed from it before B starts, so B must fetch it from the repository.
+
+Run with ``AENV_TEST_SLOT_BASE`` set to a slot range of one's own when other servers run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox, Template
+
+from aenv.storage.manifest import SnapshotManifest
+from aenv.storage.objects import ObjectStore
+from tests.conftest import free_port
+from tests.s3 import S3Server, run_s3_server
+from tests.server.harness import (
+    CACHE,
+    NodeServer,
+    cleanup_home,
+    client_env,
+    kill_leaked,
+    start_server,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@contextlib.contextmanager
+def sdk_env(node: NodeServer) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in client_env(node)}
+    os.environ.update(client_env(node))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def s3_settings(s3: S3Server, prefix: str) -> dict[str, str]:
+    return {
+        "repository": s3.url(prefix), "s3_endpoint": s3.endpoint, "s3_region": "us-east-1",
+        "s3_access_key_id": "aenv-test-key", "s3_secret_access_key": "aenv-test-secret",
+        "s3_allow_http": "true", "pause_hot_s": "0",
+    }
+
+
+def wait_for(what: str, check: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_template_snapshot_and_paused_sandbox_move_to_another_node() -> None:
+    nonce = secrets.token_hex(4)
+    with run_s3_server() as s3:
+        settings = s3_settings(s3, f"shared-{nonce}")
+        node_a = start_server(free_port(), **settings)
+        try:
+            with sdk_env(node_a):
+                Template.build(
+                    Template().from_template("base").run_cmd(f"echo built-{nonce} > ~/b.txt"),
+                    f"moved-{nonce}")
+                sbx = Sandbox.create(timeout=600)
+                sbx.files.write("/home/user/kept.txt", f"files-{nonce}")
+                sbx.commands.run(
+                    "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; "
+                    "sleep 0.1; done' >/dev/null 2>&1 &")
+                time.sleep(1.0)
+                snapshot = sbx.create_snapshot(name=f"snap-{nonce}")
+                before = int(sbx.files.read("/tmp/count").strip())
+                sbx.pause()
+                paused_id = sbx.sandbox_id
+            wait_for("the pause to reach the repository",
+                     lambda: '"published": true' in _instance(node_a, paused_id))
+        finally:
+            node_a.kill9()
+            kill_leaked(node_a.home)
+            scrub(node_a)
+        assert not node_a.home.exists()
+        # B must fetch the build's own layer from the repository, not find it in the cache.
+        built_layer = _top_layer(s3, f"shared-{nonce}", f"moved-{nonce}")
+        shutil.rmtree(built_layer)
+        (built_layer.parent / f"{built_layer.name}.json").unlink()
+        node_b = start_server(free_port(), **settings)
+        try:
+            with sdk_env(node_b):
+                from_template = Sandbox.create(f"moved-{nonce}", timeout=120)
+                assert from_template.files.read("/home/user/b.txt").strip() == f"built-{nonce}"
+                from_template.kill()
+                from_snapshot = Sandbox.create(snapshot.snapshot_id, timeout=120)
+                assert from_snapshot.files.read("/home/user/kept.txt") == f"files-{nonce}"
+                from_snapshot.kill()
+                resumed = Sandbox.connect(paused_id, timeout=120)
+                assert resumed.files.read("/home/user/kept.txt") == f"files-{nonce}"
+                first = int(resumed.files.read("/tmp/count").strip())
+                time.sleep(0.5)
+                second = int(resumed.files.read("/tmp/count").strip())
+                assert second > first >= before, (before, first, second)
+                resumed.kill()
+        finally:
+            node_b.stop()
+            kill_leaked(node_b.home)
+            cleanup_home(node_b.home)
+
+
+def scrub(node: NodeServer) -> None:
+    """Delete everything a killed node left on this machine: its mounts, network namespaces
+    and home (its sandboxes are already killed)."""
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[1].startswith(str(node.home) + "/")]
+    for mount_point in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount_point], check=False)
+    first = int(node.env["AENV_NET_FIRST_INDEX"])
+    last = int(node.env["AENV_NET_LAST_INDEX"])
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in listed.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith("aenv-") and name[5:].isdigit() and first <= int(name[5:]) <= last:
+            subprocess.run(["ip", "netns", "delete", name], check=False)
+    cleanup_home(node.home)
+
+
+def _instance(node: NodeServer, sandbox_id: str) -> str:
+    db = sqlite3.connect(node.home / "state.db")
+    try:
+        row = db.execute("SELECT instance FROM sandboxes WHERE sandbox_id = ?",
+                         (sandbox_id,)).fetchone()
+        return row[0] or "" if row else ""
+    finally:
+        db.close()
+
+
+def _top_layer(s3: S3Server, prefix: str, name: str) -> Path:
+    """The top layer of the template image named ``name``, read from the repository."""
+    async def read() -> str:
+        store = ObjectStore(s3.location(prefix))
+        for info in await store.list("manifests/"):
+            manifest = SnapshotManifest.model_validate_json(await store.get_bytes(info.key))
+            if manifest.kind == "template" and name in manifest.names:
+                return manifest.layers[-1].layer_id
+        raise AssertionError(f"no template image named {name} in the repository")
+    return CACHE / "layers" / asyncio.run(read())
