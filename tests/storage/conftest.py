@@ -20,6 +20,7 @@ from aenv.storage.layers import Layer, LayerStore
 from aenv.storage.mounts import read_mountinfo
 from aenv.storage.rootfs import RootfsStore
 from aenv.templates.busybox import build_busybox
+from tests.s3 import S3Server, run_s3_server
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting overlays needs root")
 needs_busybox = pytest.mark.skipif(
@@ -125,3 +126,13 @@ def snapshot_tree(root: Path) -> dict[str, tuple[int, int, int, str]]:
 def files_in(root: Path) -> set[str]:
     """Relative paths of everything in a tree."""
     return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One moto S3 server for the session (tests keep apart by prefix: ``S3Server.location()``).
+
+    A test that stops or restarts its server starts its own with ``tests.s3.run_s3_server``.
+    """
+    with run_s3_server() as server:
+        yield server

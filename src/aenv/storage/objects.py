@@ -27,7 +27,7 @@ import logging
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -68,7 +68,8 @@ class S3Location:
     endpoint: str | None = None
     region: str | None = None
     access_key_id: str | None = None
-    secret_access_key: str | None = None
+    #: Kept out of ``repr`` (a location shows up in logs and tracebacks).
+    secret_access_key: str | None = field(default=None, repr=False)
     allow_http: bool = False
     virtual_hosted: bool = False
 
