@@ -30,6 +30,7 @@ from aenv.network.guest_http import GuestConnector
 from aenv.network.pool import NetConfig, SlotPool
 from aenv.orchestrator.builder import Builder
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.deaths import DeathWatch
 from aenv.orchestrator.recover import recover
 from aenv.orchestrator.spill import Spiller
 from aenv.orchestrator.template_image import with_memory_image
@@ -177,6 +178,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     node.builder = builder
     spiller = Spiller(node)
     node.spiller = spiller
+    deaths = DeathWatch(node)
     await pool.start()
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -189,6 +191,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
             log.info("%d template builds were cut short by the restart", failed)
         spiller.start()
         tasks.append(asyncio.create_task(run_ttl_loop(node), name="ttl"))
+        deaths.start()
         base = await catalog.resolve(settings.default_template)
         with console.status("preparing the base template's memory image"):
             base = await with_memory_image(node, base)
@@ -201,6 +204,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await deaths.close()
         await builder.close()
         await spiller.close()
         if node.warm is not None:

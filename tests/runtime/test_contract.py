@@ -1,7 +1,8 @@
 """The driver contract (runtime.base.Runtime), run against the fake and the real gVisor driver.
 
 What the orchestrator relies on: boot → observe shows it; a live id cannot boot twice; bad specs
-and failed boots leave nothing; destroy is idempotent and frees the id. Checkpoint, restore,
+and failed boots leave nothing; destroy is idempotent and frees the id; ``wait_exit`` returns
+when the runtime ends (checkpoint, destroy) and at once when it is gone. Checkpoint, restore,
 freeze and thaw: a checkpoint that leaves the source running yields a complete image that
 restores, state and all, under a new id in a new slot; a taken destination or a torn image is
 refused without leaving anything; freeze/thaw round-trips; a checkpoint without
@@ -17,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Protocol
@@ -66,6 +69,10 @@ class Harness(Protocol):
 
     async def read_state(self, instance: Instance) -> str: ...
 
+    def die(self, instance: Instance) -> None:
+        """Make the sandbox's runtime die from outside (not through the driver)."""
+        ...
+
 
 class FakeHarness:
     def __init__(self, tmp: Path) -> None:
@@ -98,6 +105,9 @@ class FakeHarness:
 
     async def read_state(self, instance: Instance) -> str:
         return self.runtime.recall(instance.sandbox_id)["contract"]
+
+    def die(self, instance: Instance) -> None:
+        self.runtime.crash(instance.sandbox_id)
 
 
 class GvisorHarness:
@@ -135,6 +145,10 @@ class GvisorHarness:
     async def read_state(self, instance: Instance) -> str:
         done = await self.runtime.runsc.exec(instance.runtime_id, ["cat", "/tmp/contract"])
         return done.text
+
+    def die(self, instance: Instance) -> None:
+        assert instance.pid is not None
+        os.kill(instance.pid, signal.SIGKILL)
 
 
 @pytest.fixture(params=["fake", pytest.param("gvisor", marks=[pytest.mark.gvisor,
@@ -248,6 +262,44 @@ async def test_a_destroyed_id_can_boot_again(harness: Harness) -> None:
     observed = [o for o in await harness.runtime.observe() if o.sandbox_id == spec.sandbox_id]
     assert [o.status for o in observed] == ["running"]
     assert second.net.index != first.net.index or isinstance(harness, FakeHarness)
+
+
+async def test_wait_exit_waits_for_the_runtime_and_returns_at_once_once_it_is_gone(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """A waiter sees a checkpoint that ends the sandbox and a destroy; a wait on a sandbox
+    that is gone returns at once. (Deaths from outside: ``test_death.py``, and the fake's
+    ``crash``.)"""
+    first = await _boot(harness)
+    waiter = asyncio.create_task(harness.runtime.wait_exit(first))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()  # a running sandbox: nothing to report
+    await harness.runtime.checkpoint(first, tmp_path / "img", leave_running=False)
+    exit = await asyncio.wait_for(waiter, EXIT_SEEN_TIMEOUT_S)
+    assert exit.cause == "exited" and exit.message
+    await harness.runtime.destroy(first)
+    assert (await asyncio.wait_for(harness.runtime.wait_exit(first), 5)).cause == "exited"
+
+    second = await _boot(harness)
+    waiter = asyncio.create_task(harness.runtime.wait_exit(second))
+    await asyncio.sleep(0.2)
+    await harness.runtime.destroy(second)
+    exit = await asyncio.wait_for(waiter, EXIT_SEEN_TIMEOUT_S)
+    assert exit.cause in ("killed", "exited") and exit.message
+
+
+async def test_wait_exit_reports_a_death_from_outside(harness: Harness) -> None:
+    """A runtime that dies without the driver (a crash, a kill) ends a wait with that cause;
+    the sandbox is then ``stopped`` (or gone) and destroy still cleans up."""
+    instance = await _boot(harness)
+    waiter = asyncio.create_task(harness.runtime.wait_exit(instance))
+    await asyncio.sleep(0.2)
+    harness.die(instance)
+    exit = await asyncio.wait_for(waiter, EXIT_SEEN_TIMEOUT_S)
+    assert exit.cause in ("killed", "crashed"), exit
+    assert await _statuses_once_exited(harness, instance.sandbox_id) in (["stopped"], [])
+    await harness.runtime.destroy(instance)
+    assert await _statuses(harness, instance.sandbox_id) == []
 
 
 # ------------------------------------------------------------ checkpoint, restore, freeze, thaw

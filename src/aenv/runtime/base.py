@@ -96,6 +96,18 @@ class Observed:
     pid: int | None
 
 
+@dataclass(frozen=True)
+class Exit:
+    """How a sandbox's runtime ended, as far as the driver can tell."""
+
+    #: ``out-of-memory`` (the host's memory cgroup killed it), ``killed`` (a signal from
+    #: outside), ``crashed`` (the runtime's own failure, e.g. a sentry panic) or ``exited``
+    #: (it ended by itself: a checkpoint without ``leave_running``, a destroy, init's exit).
+    cause: str
+    #: One line for people, e.g. "out of memory: the sandbox used its 256 MiB".
+    message: str
+
+
 class Runtime(Protocol):
     name: str
 
@@ -143,3 +155,13 @@ class Runtime(Protocol):
         ...
 
     async def stats(self, instance: Instance) -> Stats: ...
+
+    async def wait_exit(self, instance: Instance) -> Exit:
+        """Wait until the sandbox's runtime has exited, for whatever reason (a checkpoint
+        without ``leave_running`` and ``destroy`` too: the caller tells those apart), and say
+        why. Returns at once for a runtime that is gone already; cancellable.
+        Prerequisites: ``instance`` was booted or restored by this driver (on this machine;
+        the server may have restarted since). Read the reason before ``destroy``: it erases
+        what the reason is read from.
+        """
+        ...

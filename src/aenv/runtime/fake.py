@@ -50,6 +50,7 @@ from aenv.core.ids import is_sandbox_id
 from aenv.network.base import NetSlot
 from aenv.runtime.base import (
     IMAGE_FILES,
+    Exit,
     Instance,
     MemoryImage,
     Observed,
@@ -74,6 +75,15 @@ class _Sandbox:
     booted: float = field(default_factory=time.monotonic)
     #: The guest's state; what a checkpoint saves and a restore brings back.
     memory: dict[str, str] = field(default_factory=dict)
+    #: Set when its processes end (crash, checkpoint without leave_running, destroy).
+    exit: Exit | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def end(self, exit: Exit) -> None:
+        self.status = "stopped"
+        if self.exit is None:
+            self.exit = exit
+        self.ended.set()
 
 
 class FakeRuntime:
@@ -148,7 +158,7 @@ class FakeRuntime:
             shutil.rmtree(dest, ignore_errors=True)
             raise
         if not leave_running:
-            sandbox.status = "stopped"
+            sandbox.end(Exit("exited", "the sandbox's runtime exited with status 0"))
         return image
 
     async def freeze(self, instance: Instance) -> None:
@@ -172,7 +182,9 @@ class FakeRuntime:
 
     async def destroy(self, instance: Instance) -> None:
         """Forget the sandbox. Idempotent."""
-        self._sandboxes.pop(instance.runtime_id, None)
+        sandbox = self._sandboxes.pop(instance.runtime_id, None)
+        if sandbox is not None:
+            sandbox.end(Exit("killed", "the sandbox's runtime was killed by SIGKILL"))
 
     async def observe(self) -> list[Observed]:
         return [
@@ -199,6 +211,17 @@ class FakeRuntime:
             disk_used=0,
             disk_total=0,
         )
+
+    async def wait_exit(self, instance: Instance) -> Exit:
+        """Same contract as ``GvisorRuntime.wait_exit``: returns once the sandbox ended
+        (``crash``, a checkpoint without ``leave_running``, ``destroy``); at once for one
+        that is gone or unknown."""
+        sandbox = self._sandboxes.get(instance.runtime_id)
+        if sandbox is None or sandbox.pid != instance.pid:
+            return Exit("exited", "the sandbox's runtime exited (status unknown)")
+        await sandbox.ended.wait()
+        assert sandbox.exit is not None
+        return sandbox.exit
 
     # ---------------------------------------------------------------- internals
 
@@ -233,9 +256,16 @@ class FakeRuntime:
 
     # ---------------------------------------------------------------- test hooks
 
-    def crash(self, sandbox_id: str) -> None:
-        """Make the sandbox's processes die (observe() then says ``stopped``)."""
-        self._sandboxes[sandbox_id].status = "stopped"
+    def crash(self, sandbox_id: str, *, out_of_memory: bool = False) -> None:
+        """Make the sandbox's processes die (observe() then says ``stopped``), as a sentry
+        panic would, or (``out_of_memory``) as the host's memory cgroup's OOM kill."""
+        sandbox = self._sandboxes[sandbox_id]
+        if out_of_memory:
+            sandbox.end(Exit("out-of-memory", "out of memory: the sandbox used all its memory "
+                             f"of {sandbox.spec.memory_mb} MiB and the host's memory cgroup "
+                             "killed its runtime"))
+        else:
+            sandbox.end(Exit("crashed", "the sandbox's runtime crashed: panic: injected"))
 
     def remember(self, sandbox_id: str, key: str, value: str) -> None:
         """Change the guest's state, as a process inside would; a frozen guest cannot."""

@@ -40,8 +40,8 @@ from aenv.core.errors import (
     NotFound,
 )
 from aenv.network.base import NetSlot
-from aenv.runtime import oci, urpc
-from aenv.runtime.base import Instance, MemoryImage, Observed, SandboxSpec, Stats
+from aenv.runtime import exits, oci, urpc
+from aenv.runtime.base import Exit, Instance, MemoryImage, Observed, SandboxSpec, Stats
 from aenv.runtime.runsc import RUNSC, Runsc, RunscConfig, map_runsc_errors
 
 log = logging.getLogger("aenv.runtime.gvisor")
@@ -52,6 +52,8 @@ MAX_SOCKET_PATH = 107
 #: runsc's statuses, as the orchestrator's Observed.status spells them.
 _STATUSES = {"created", "running", "paused", "stopped"}
 _ALIVE = {"created", "running", "paused"}
+#: How often ``wait_exit`` asks runsc about a sandbox whose pid it does not know.
+STATE_POLL_S = 1.0
 #: The pause marker's contents (see ``GvisorRuntime.freeze``).
 _FREEZING, _FROZEN, _THAWING = "freezing", "frozen", "thawing"
 
@@ -305,6 +307,38 @@ class GvisorRuntime:
             mem_cache=0,  # the guest's page cache is inside the sentry's memory, not visible
             disk_used=disk_used,
             disk_total=disk_total,
+        )
+
+    async def wait_exit(self, instance: Instance) -> Exit:
+        """Wait until the sandbox's runsc sandbox process (the sentry) exits; say why.
+
+        Noticed through a pidfd within milliseconds (``runtime/exits.py``; polled where pidfds
+        are unavailable, or ``runsc state`` each ``STATE_POLL_S`` when the pid is unknown).
+        The reason, most specific first: the sandbox's memory cgroup counted an OOM kill →
+        ``out-of-memory``; a Go panic in the sandbox's runsc logs → ``crashed``; the wait
+        status: a signal → ``killed``, else ``exited``.
+        Prerequisites: none (a sandbox gone already returns at once). Call before
+        ``destroy``, which removes the cgroup and logs the reason is read from.
+        """
+        sid = instance.sandbox_id
+        status: int | None = None
+        if instance.pid is not None:
+            status = await exits.wait_exit(instance.pid, cmdline_has=sid.encode())
+        else:
+            while True:
+                try:
+                    with map_runsc_errors(sid, "state"):
+                        state = await self.runsc.state(instance.runtime_id)
+                except NotFound:
+                    break
+                if state.status not in _ALIVE or (state.pid is not None
+                                                  and not _pid_alive(state.pid)):
+                    break
+                await asyncio.sleep(STATE_POLL_S)
+        logs = self.log_dir(sid)
+        return exits.reason(
+            status, cgroup=f"{self.config.cgroup_parent.strip('/')}/{sid}",
+            logs=[*sorted(logs.glob("*boot*")), self.console_log(sid)],
         )
 
     # ---------------------------------------------------------------- internals

@@ -95,8 +95,21 @@ class Store:
     async def require(self, sandbox_id: str) -> SandboxRecord:
         record = await self.get(sandbox_id)
         if record is None:
-            raise NotFound(f"sandbox {sandbox_id} not found")
+            raise NotFound(f"sandbox {sandbox_id} not found{await self._died(sandbox_id)}")
         return record
+
+    async def _died(self, sandbox_id: str) -> str:
+        """Why a sandbox that is gone died (``orchestrator/deaths.py``), for its 404s."""
+        async with self._db.execute(
+            "SELECT at, detail FROM events WHERE sandbox_id = ? AND kind = 'died' "
+            "ORDER BY id DESC LIMIT 1", (sandbox_id,)
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            return ""
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row["at"]))
+        detail = json.loads(row["detail"]) if row["detail"] else {}
+        return f": it died at {when}: {detail.get('message', 'its runtime exited')}"
 
     async def list(
         self, states: Iterable[SandboxState] | None = None
