@@ -44,6 +44,7 @@ _PIDFD_INFO_EXIT = 1 << 3
 _PIDFD_INFO = struct.Struct("=QQ11Ii")
 #: A Go panic (runsc's sentry and gofer are Go), as its log or stderr shows it.
 _PANIC = re.compile(r"^(panic: .*|fatal error: .*)$", re.MULTILINE)
+_SIGNALS = {int(s) for s in signal.Signals}
 #: How much of each log's end is searched for a panic.
 _LOG_TAIL = 64_000
 
@@ -143,7 +144,11 @@ def reason(status: int | None, *, cgroup: str, logs: Sequence[Path]) -> Exit:
         name = signal.Signals(os.WTERMSIG(status)).name
         return Exit("killed", f"the sandbox's runtime was killed by {name}")
     if status is not None and os.WIFEXITED(status):
-        return Exit("exited", f"the sandbox's runtime exited with status {os.WEXITSTATUS(status)}")
+        code = os.WEXITSTATUS(status)
+        # runsc mirrors a signal that ended part of the sandbox (e.g. its gofer killed:
+        # measured 137) as 128 + the signal's number.
+        hint = f" (128 + {signal.Signals(code - 128).name})" if code - 128 in _SIGNALS else ""
+        return Exit("exited", f"the sandbox's runtime exited with status {code}{hint}")
     return Exit("exited", "the sandbox's runtime exited (status unknown)")
 
 
