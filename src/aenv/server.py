@@ -1,9 +1,10 @@
 """The node server's composition root: settings → store, runtime, storage, network → API.
 
-``aenv server`` (and ``python -m aenv.server``) runs it. Start-up order: API key, envd bundle,
-base template (with visible progress), store, network pool, crash recovery, then serve; the TTL
-loop and the pool's refill run as supervised tasks. Shutdown leaves sandboxes running: the next
-start re-attaches them.
+``aenv server`` (and ``python -m aenv.server``) runs it. Start-up order: the node's locks (its
+home, its network-slot range: a second node on either refuses to start, see core/locks.py), API
+key, envd bundle, base template (with visible progress), store, network pool, crash recovery,
+then serve; the TTL loop and the pool's refill run as supervised tasks. Shutdown leaves
+sandboxes running: the next start re-attaches them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from aenv.api.app import NodeApp, build_api
 from aenv.core import ids, proc
+from aenv.core.errors import AenvError, FailedPrecondition
+from aenv.core.locks import HeldLock, lock_home, lock_slot_range
 from aenv.core.settings import Settings
 from aenv.envd.bundle import build_bundle
 from aenv.network.guest_http import GuestConnector
@@ -183,9 +186,16 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     tasks: list[asyncio.Task[None]] = []
     try:
         plan = await recover(node)
-        swept = await pool.sweep()
-        log.info("recovered: %d re-attached, %d torn down, %d orphans, %d stale slots",
-                 len(plan.reattach), len(plan.teardown), len(plan.orphans), len(swept))
+        try:
+            swept = await pool.sweep()
+        except AenvError as exc:
+            # The slots it could not remove stay out of use; the next start sweeps them again.
+            log.warning("%s", exc.message)
+            swept = []
+        log.info("recovered: %d re-attached, %d torn down, %d orphans, %d stale slots, "
+                 "%d could not be recovered (torn down)",
+                 len(set(plan.reattach) - set(plan.failed)), len(plan.teardown),
+                 len(plan.orphans), len(swept), len(plan.failed))
         failed = await builder.recover()
         if failed:
             log.info("%d template builds were cut short by the restart", failed)
@@ -231,7 +241,19 @@ class _Server(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
 
+def take_locks(settings: Settings) -> list[HeldLock]:
+    """The home, then the slot range; held until the process exits (the kernel drops them
+    however it exits). Raises ``FailedPrecondition`` naming the other node."""
+    home = lock_home(settings.home)
+    try:
+        return [home, lock_slot_range(settings.net_first_index, settings.net_last_index)]
+    except BaseException:
+        home.release()
+        raise
+
+
 async def serve(settings: Settings) -> None:
+    """Run the node until SIGTERM or SIGINT. Prerequisites: ``take_locks`` succeeded."""
     key = api_key_for(settings)
     async with running_node(settings) as node:
         proxy = Proxy(node)
@@ -263,7 +285,17 @@ def main(settings: Settings | None = None) -> None:
     # asyncio's own loop, not uvloop: every runsc, mount, ip and nft call is a subprocess, and
     # libuv spawns by fork(): 15 ms and 11 ms of CPU per spawn from this process, against 4 ms
     # and 3 ms with asyncio (subprocess's vfork). A resume hot is one spawn.
-    asyncio.run(serve(settings))
+    try:
+        locks = take_locks(settings)
+    except FailedPrecondition as exc:
+        # A second node on this home or these slots: one line, no traceback, exit status 1,
+        # and nothing of the first node touched.
+        raise SystemExit(f"aenv: {exc.message}") from None
+    try:
+        asyncio.run(serve(settings))
+    finally:
+        for lock in reversed(locks):
+            lock.release()
 
 
 if __name__ == "__main__":

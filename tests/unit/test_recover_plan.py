@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from aenv.core.states import SandboxState
-from aenv.orchestrator.recover import Action, Plan, decide, plan
+from aenv.orchestrator.recover import Action, Plan, decide, plan, unreadable
 from aenv.runtime.base import Observed
-from aenv.store.models import SandboxRecord
+from aenv.store.models import UNREADABLE, SandboxRecord, from_row, to_row
 
 S = SandboxState
 A = Action
@@ -288,3 +288,51 @@ def test_plan_is_pure() -> None:
     second = plan(records, observed, images)
     assert first.actions == second.actions and first.orphans == second.orphans
     assert (records, observed, images) == before
+
+
+# -- records recovery cannot read: torn down, never a reason to stop the node ----------------
+
+#: An instance JSON that parses but is not what any stage writes (a hand edit, another version).
+BAD_INSTANCES = [
+    pytest.param([1, 2], id="a-list"),
+    pytest.param("sbx1", id="a-string"),
+    pytest.param({"slot": {"index": 1}}, id="slot-missing-fields"),
+    pytest.param({"slot": "aenv-1", "runtime_id": "sbx1"}, id="slot-not-an-object"),
+]
+
+
+@pytest.mark.parametrize("instance", BAD_INSTANCES)
+@pytest.mark.parametrize("status", ["running", "paused", None])
+def test_unreadable_instance_means_teardown(instance: Any, status: str | None) -> None:
+    for state in (S.RUNNING, S.PAUSED, S.PAUSING, S.RESUMING):
+        record = _record(state).evolve(instance=instance)
+        reason = unreadable(record)
+        assert reason is not None and reason.startswith(UNREADABLE)
+        assert decide(record, _observed(status), True) == A.TEARDOWN, state
+
+
+def test_row_with_corrupt_json_is_read_with_the_reason() -> None:
+    """A torn or hand-edited row: readable (a listing, the recovery go on), column empty, the
+    reason in ``last_error``; recovery then tears the sandbox down."""
+    row = to_row(_record(S.RUNNING))
+    row["instance"] = '{"slot": {"index": 4'
+    row["metadata"] = "not json"
+    record = from_row(row)
+    assert record.instance is None and record.metadata == {}
+    assert record.last_error is not None and record.last_error.startswith(UNREADABLE)
+    assert "instance" in record.last_error and "metadata" in record.last_error
+    assert unreadable(record) == record.last_error
+    assert decide(record, _observed("running"), False) == A.TEARDOWN
+    # A readable row is untouched: no reason, the same record back.
+    good = _record(S.RUNNING)
+    assert from_row(to_row(good)) == good and unreadable(good) is None
+
+
+def test_unreadable_records_are_planned_with_the_rest() -> None:
+    """One bad record changes nothing for the others."""
+    good = _record(S.RUNNING, "live", "good1")
+    bad = _record(S.RUNNING, "live", "bad1").evolve(instance=["x"])
+    observed = [o for o in (_observed("running", "good1"), _observed("running", "bad1")) if o]
+    result = plan([good, bad], observed, set())
+    assert result.actions == {"good1": A.RUNNING, "bad1": A.TEARDOWN}
+    assert result.orphans == []

@@ -170,12 +170,13 @@ class SlotPool:
         On success: the slot is leased and its nft entries exist. Its egress rules are kept;
         ``policy`` replaces them when given. If the table had to be recreated (another aenv
         version wrote it) and no policy is given, the default policy is applied and logged.
-        On failure: raises ``NotFound`` when the slot is not on the machine, ``Internal`` when
-        nft fails.
+        On failure: raises ``NotFound`` when the slot is not on the machine, or only part of it
+        (its netns or its host veth was removed), ``Internal`` when nft fails.
         """
         slots.check_index(slot.index)
-        if not slots.exists(slot.index):
-            raise NotFound(f"network slot {slot.index} is not on this machine")
+        if not slots.whole(slot.index):
+            missing = "is not" if not slots.exists(slot.index) else "is only partly"
+            raise NotFound(f"network slot {slot.index} {missing} on this machine")
         if policy is None and self._table_fresh:
             log.warning("slot %d adopted into a recreated nft table: default egress", slot.index)
             policy = self.config.default_egress

@@ -108,6 +108,12 @@ def exists(index: int) -> bool:
     return (NETNS_DIR / netns_name(index)).exists() or (SYS_NET / host_ifname(index)).exists()
 
 
+def whole(index: int) -> bool:
+    """Whether both the netns and the host veth of slot ``index`` exist (a slot missing either
+    cannot carry a sandbox's traffic, or cannot be joined by a restore)."""
+    return (NETNS_DIR / netns_name(index)).exists() and (SYS_NET / host_ifname(index)).exists()
+
+
 async def create(index: int, *, return_ip: str) -> NetSlot:
     """Create slot ``index``: netns, veth pair, addresses, guest default route, return route.
 
@@ -161,15 +167,28 @@ async def destroy(index: int) -> None:
     On failure: raises ``Internal``; parts may remain for the sweeper.
     """
     check_index(index)
-    commands = []
-    # Delete the veth explicitly: a netns is torn down asynchronously by the kernel, and a veth
-    # still in it would make a new slot with the same index fail with "File exists".
-    if (SYS_NET / host_ifname(index)).exists():
-        commands.append(f"link del {host_ifname(index)}")
-    if (NETNS_DIR / netns_name(index)).exists():
-        commands.append(f"netns del {netns_name(index)}")
-    if commands:
-        await _ip(["ip", "-batch", "-"], "\n".join(commands))
+    # Another process (a node shutting down, a person) may remove a part between our look and
+    # ``ip``'s ("Cannot remove namespace file …: No such file", "Cannot find device"): what is
+    # gone is removed, so a failure only counts if a part is still there afterwards.
+    for attempt in range(2):
+        commands = []
+        # Delete the veth explicitly: a netns is torn down asynchronously by the kernel, and a
+        # veth still in it would make a new slot with the same index fail with "File exists".
+        if (SYS_NET / host_ifname(index)).exists():
+            commands.append(f"link del {host_ifname(index)}")
+        if (NETNS_DIR / netns_name(index)).exists():
+            commands.append(f"netns del {netns_name(index)}")
+        if not commands:
+            return
+        try:
+            # -force: go on after a failed line, so the netns goes even if the veth did not.
+            await _ip(["ip", "-force", "-batch", "-"], "\n".join(commands))
+            return
+        except Internal:
+            if not exists(index):
+                return
+            if attempt:
+                raise
 
 
 def ensure_forwarding() -> None:

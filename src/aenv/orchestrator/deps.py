@@ -70,7 +70,8 @@ class RootfsManager(Protocol):
         """The host directory collecting the sandbox's writes (its overlay upper)."""
         ...
 
-    async def disassemble(self, sandbox_id: str, *, keep_upper: bool) -> None: ...
+    async def disassemble(self, sandbox_id: str, *, keep_upper: bool,
+                          lazy: bool = False) -> None: ...
 
     def sandbox_ids(self) -> list[str]:
         """Every sandbox that has a root filesystem (mounted or not) on this node."""

@@ -19,6 +19,14 @@ of it survives (a live runtime, or a complete memory image), and is torn down ot
 
 A runtime sandbox no record knows (a warm one, a create that never got its record) is
 destroyed; a memory image no paused record names is deleted.
+
+Recovery never stops the node. A record it cannot read (a JSON column that does not parse, an
+instance of the wrong shape) is torn down. Each sandbox is applied on its own: when
+re-attaching, thawing, re-mounting, writing to disk or tearing down one sandbox fails, that
+sandbox is marked ``killing`` with the reason in ``last_error``, and everything of it is
+released step by step (each step on its own, "already gone" counting as done); its record is
+deleted once nothing is left, else it stays ``killing`` (invisible to clients) and the next
+start tries again. The other sandboxes, and start-up, go on.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from aenv.orchestrator.instance_codec import decode, frozen, paused_image
 from aenv.orchestrator.ops.pause import image_dir, spill
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.runtime.base import IMAGE_FILES, Instance, Observed
-from aenv.store.models import SandboxRecord
+from aenv.store.models import UNREADABLE, SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.recover")
 
@@ -61,6 +69,8 @@ class Action(enum.Enum):
 class Plan:
     actions: dict[str, Action] = field(default_factory=dict)
     orphans: list[Observed] = field(default_factory=list)
+    #: Filled by ``recover``: sandboxes whose action failed (torn down instead) → why.
+    failed: dict[str, str] = field(default_factory=dict)
 
     def of(self, action: Action) -> list[str]:
         return [sid for sid, a in self.actions.items() if a == action]
@@ -74,8 +84,25 @@ class Plan:
         return self.of(Action.TEARDOWN)
 
 
+def unreadable(record: SandboxRecord) -> str | None:
+    """Why recovery cannot make sense of ``record``'s runtime data, or ``None``; pure."""
+    if record.last_error and record.last_error.startswith(UNREADABLE):
+        return record.last_error  # the store could not parse a column of the row
+    try:
+        if record.instance is not None and not isinstance(record.instance, dict):
+            raise TypeError(f"a {type(record.instance).__name__}, not an object")
+        decode(record.instance, record.sandbox_id)
+        frozen(record.instance)
+        paused_image(record.instance)
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        return f"{UNREADABLE} instance: {exc}"
+    return None
+
+
 def decide(record: SandboxRecord, observed: Observed | None, image_complete: bool) -> Action:
     """The one rule table (see the module docstring); pure."""
+    if unreadable(record) is not None:
+        return Action.TEARDOWN
     alive = observed is not None and observed.status in (
         "running", "created", "paused", "in-doubt")
     state = record.state
@@ -131,12 +158,17 @@ def find_images(node: Node, records: list[SandboxRecord]) -> set[str]:
     rename did not happen is completed here."""
     found = set()
     for record in records:
-        final = paused_image(record.instance) or image_dir(node, record.sandbox_id)
-        partial = final.with_name(final.name + ".partial")
-        if not final.exists() and partial.exists() and _complete(partial):
-            partial.rename(final)
-        if final.exists() and _complete(final):
-            found.add(record.sandbox_id)
+        if unreadable(record) is not None:
+            continue
+        try:
+            final = paused_image(record.instance) or image_dir(node, record.sandbox_id)
+            partial = final.with_name(final.name + ".partial")
+            if not final.exists() and partial.exists() and _complete(partial):
+                partial.rename(final)
+            if final.exists() and _complete(final):
+                found.add(record.sandbox_id)
+        except OSError as exc:
+            log.warning("cannot read the memory image of %s: %s", record.sandbox_id, exc)
     return found
 
 
@@ -171,6 +203,14 @@ def _checkpointing(sandbox_ids: set[str]) -> bool:
 
 
 async def recover(node: Node) -> Plan:
+    """Observe, plan, apply (see the module docstring).
+
+    Prerequisites: the store is open, the network pool started, nothing else runs on the node.
+    On success: every record is re-attached or gone (or, if its clean-up failed, ``killing``
+    with ``last_error``); orphans, stray rootfs and stray images are removed.
+    On failure: raises only when the runtime or the store cannot be read at all; a failure of
+    one sandbox is logged and handled as above.
+    """
     records = await node.store.list()
     observed = await node.runtime.observe()
     if await _finish_saves(node, records):
@@ -178,29 +218,78 @@ async def recover(node: Node) -> Plan:
     todo = plan(records, observed, find_images(node, records))
     by_id = {r.sandbox_id: r for r in records}
     live = {o.sandbox_id: o for o in observed}
+    failed = todo.failed
     for sandbox_id, action in todo.actions.items():
         record = by_id[sandbox_id]
         try:
             await _apply(node, record, action, live.get(sandbox_id))
-        except Exception:
+        except Exception as exc:
             log.exception("could not recover %s (%s)", sandbox_id, action.value)
+            failed[sandbox_id] = f"recovery failed ({action.value}): {_reason(exc)}"
+            await _give_up(node, sandbox_id, live.get(sandbox_id), failed[sandbox_id])
     for orphan in todo.orphans:
         log.info("destroying orphan runtime sandbox %s", orphan.runtime_id)
-        await node.runtime.destroy(Instance(orphan.sandbox_id, orphan.runtime_id, orphan.pid,
-                                            None))
-    kept = {sid for sid, a in todo.actions.items() if a != Action.TEARDOWN}
+        try:
+            await node.runtime.destroy(Instance(orphan.sandbox_id, orphan.runtime_id,
+                                                orphan.pid, None))
+        except Exception:
+            log.exception("could not destroy orphan runtime sandbox %s", orphan.runtime_id)
+    kept = {sid for sid, a in todo.actions.items() if a != Action.TEARDOWN} - set(failed)
     for sandbox_id in node.rootfs.sandbox_ids():
         if sandbox_id not in kept:
             # A warm sandbox, a create that never got its record, a torn-down one.
-            await node.rootfs.disassemble(sandbox_id, keep_upper=False)
-    _remove_stray_images(node, set(todo.of(Action.ON_DISK)) | set(todo.of(Action.BACK_TO_DISK))
-                         | set(todo.of(Action.SPILL)))
+            try:
+                await node.rootfs.disassemble(sandbox_id, keep_upper=False, lazy=True)
+            except Exception:
+                log.exception("could not remove the rootfs of %s", sandbox_id)
+    _remove_stray_images(node, (set(todo.of(Action.ON_DISK)) | set(todo.of(Action.BACK_TO_DISK))
+                                | set(todo.of(Action.SPILL))) - set(failed))
     return todo
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "message", None) or str(exc) or type(exc).__name__
+
+
+async def _give_up(node: Node, sandbox_id: str, observed: Observed | None, reason: str) -> None:
+    """Release everything of a sandbox recovery could not restore; never raises.
+
+    The record goes to ``killing`` with ``reason`` in ``last_error`` first, so a crash during
+    the clean-up leaves it to the next start's teardown; it is deleted once everything of it is
+    released.
+    """
+    try:
+        record = await node.store.get(sandbox_id)
+        if record is None:
+            return
+        record = await node.store.update(record, state=S.KILLING, last_error=reason)
+        if unreadable(record) is not None:
+            # What the record says cannot be trusted: release by id and by what runsc shows;
+            # the slot, unadopted, goes with the pool's sweep.
+            record = await node.store.update(record, instance=None)
+        stuck: Exception | None = None
+        if observed is not None:
+            try:
+                await node.runtime.destroy(Instance(sandbox_id, observed.runtime_id,
+                                                    observed.pid, None))
+            except Exception as exc:
+                stuck = exc  # the rest is released all the same; the record stays
+        await teardown(node, record, lazy=True)
+        if stuck is not None:
+            raise stuck
+        await node.store.delete(record)
+        log.warning("sandbox %s is gone: %s", sandbox_id, reason)
+    except Exception:
+        log.exception("could not clean up sandbox %s (%s); it stays killing for the next start",
+                      sandbox_id, reason)
 
 
 async def _apply(node: Node, record: SandboxRecord, action: Action,
                  observed: Observed | None) -> None:
     sid = record.sandbox_id
+    if action == Action.TEARDOWN and (why := unreadable(record)) is not None:
+        await _give_up(node, sid, observed, why)  # nothing of it can be trusted: by id
+        return
     slot, instance = decode(record.instance, sid)
     if action == Action.TEARDOWN:
         log.info("tearing down sandbox %s left %s by a previous run", sid, record.state)

@@ -77,11 +77,22 @@ def mounts_under(path: Path) -> list[str]:
     return sorted(inside, key=len, reverse=True)
 
 
+#: What ``umount`` says when there is nothing (left) to unmount: another process (a node
+#: shutting down, a person) unmounted it between our look at the mount table and our call.
+_ALREADY_GONE = ("not mounted", "no mount point specified", "No such file or directory")
+
+
 async def unmount(target: str, *, lazy: bool, what: str) -> None:
+    """Unmount ``target``. Idempotent: nothing mounted there (any more) counts as done.
+
+    On failure: ``Conflict`` if it is busy (without ``lazy``), else ``CommandError``.
+    """
     argv = ["umount", "--lazy", target] if lazy else ["umount", target]
     try:
         await proc.run(argv, timeout=MOUNT_TIMEOUT_S)
     except CommandError as exc:
         if "busy" in exc.stderr:
             raise Conflict(f"{what} is busy: {exc.stderr.strip()}") from exc
+        if any(text in exc.stderr for text in _ALREADY_GONE):
+            return
         raise

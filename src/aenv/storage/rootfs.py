@@ -400,7 +400,8 @@ def _remove_pieces(paths: SandboxPaths) -> None:
     """Delete a sandbox's upper, work dir, record and (empty) mount point. Blocking."""
     for tree in (paths.upper, paths.work):
         if tree.is_dir() and not tree.is_symlink():
-            shutil.rmtree(tree)
+            # What someone else removed meanwhile (a node shutting down) counts as removed.
+            shutil.rmtree(tree, onerror=_unless_gone)
     with contextlib.suppress(FileNotFoundError):
         paths.record.unlink()
     # rmdir, never rmtree: if anything were still mounted here, rmdir fails instead of deleting
@@ -408,6 +409,12 @@ def _remove_pieces(paths: SandboxPaths) -> None:
     for directory in (paths.rootfs, paths.dir):
         with contextlib.suppress(FileNotFoundError, OSError):
             directory.rmdir()
+
+
+def _unless_gone(function: object, path: str, exc_info: tuple[type, BaseException, object]
+                 ) -> None:
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
 
 
 def _prepare_user_dirs(rootfs: Path) -> None:

@@ -39,6 +39,11 @@ class SandboxRecord:
         return replace(self, **changes)
 
 
+#: ``last_error`` of a record read from a row whose JSON column does not parse (a torn write, a
+#: hand edit): the row is still readable, with that column empty, so one bad row can neither
+#: stop a listing nor the node's recovery (which tears such a sandbox down).
+UNREADABLE = "unreadable"
+
 JSON_COLUMNS = {"metadata", "env_vars", "network", "instance"}
 BOOL_COLUMNS = {"auto_pause", "auto_resume"}
 COLUMNS = [f.name for f in fields(SandboxRecord)]
@@ -62,10 +67,15 @@ def to_row(record: SandboxRecord) -> dict[str, Any]:
 
 def from_row(row: dict[str, Any]) -> SandboxRecord:
     values: dict[str, Any] = {}
+    broken: list[str] = []
     for name in COLUMNS:
         value = row[name]
         if name in JSON_COLUMNS:
-            value = None if value is None else json.loads(value)
+            try:
+                value = None if value is None else json.loads(value)
+            except ValueError as exc:
+                broken.append(f"{name} ({exc})")
+                value = None
             if value is None and name in ("metadata", "env_vars"):
                 value = {}
         elif name in BOOL_COLUMNS:
@@ -75,4 +85,6 @@ def from_row(row: dict[str, Any]) -> SandboxRecord:
         elif name == "state":
             value = SandboxState(value)
         values[name] = value
+    if broken:
+        values["last_error"] = f"{UNREADABLE} " + ", ".join(broken)
     return SandboxRecord(**values)

@@ -1,7 +1,10 @@
 """Release everything a sandbox holds: runtime, rootfs, network slot, paused memory image.
 Idempotent.
 
-Used by kill, failed creates and recovery; each step tolerates "already gone".
+Used by kill, failed creates and recovery; each step tolerates "already gone" (a mount that is
+not mounted, a netns or veth that no longer exists, a directory already removed: all count as
+removed), and each step runs even when an earlier one failed, so one stuck piece does not keep
+the others alive. The first failure is raised at the end; calling again retries what is left.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Awaitable, Callable
 
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode
@@ -17,17 +21,31 @@ from aenv.store.models import SandboxRecord
 log = logging.getLogger("aenv.orchestrator")
 
 
-async def teardown(node: Node, record: SandboxRecord) -> None:
-    slot, instance = decode(record.instance, record.sandbox_id)
-    node.streams.abort(record.sandbox_id)
+async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False) -> None:
+    """``lazy``: detach a busy rootfs instead of failing (recovery, where a runtime that would
+    not die must not keep the sandbox's files mounted forever)."""
+    sid = record.sandbox_id
+    slot, instance = decode(record.instance, sid)
+    node.streams.abort(sid)
+    steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
     if instance is not None:
-        await node.runtime.destroy(instance)
-    await node.rootfs.disassemble(record.sandbox_id, keep_upper=False)
+        steps.append(("runtime", lambda: node.runtime.destroy(instance)))
+    steps.append(("rootfs", lambda: node.rootfs.disassemble(sid, keep_upper=False, lazy=lazy)))
     if slot is not None:
-        await node.guests.forget(slot)
-        await node.pool.release(slot)
+        steps.append(("guest connection", lambda: node.guests.forget(slot)))
+        steps.append(("network slot", lambda: node.pool.release(slot)))
+    first: Exception | None = None
+    for what, step in steps:
+        try:
+            await step()
+        except Exception as exc:
+            log.warning("teardown of %s: could not release its %s: %s", sid, what,
+                        getattr(exc, "message", exc))
+            first = first or exc
     if node.spiller is not None:
-        node.spiller.cancel(record.sandbox_id)
-    image = node.paused_dir / record.sandbox_id
+        node.spiller.cancel(sid)
+    image = node.paused_dir / sid
     for path in (image, image.with_name(image.name + ".partial")):
         await asyncio.to_thread(shutil.rmtree, path, True)
+    if first is not None:
+        raise first
