@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from e2b import NotFoundException, Sandbox
 
+from aenv.orchestrator.deaths import SYNC_S
 from tests.server.harness import API_KEY, NodeServer, serving
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow]
@@ -37,6 +38,10 @@ pytestmark = [pytest.mark.gvisor, pytest.mark.slow]
 STREAM_END_S = 5.0
 #: Small, so the OOM comes after ~200 MiB of writes (a second or two) instead of ~1 GiB.
 MEMORY_MB = 256
+#: Long enough for the node's death watch to have started watching a new runtime: a runtime
+#: that dies before is noticed too, but once reaped its exit status is lost ("status
+#: unknown"), and the SIGKILL cases check that the signal is named.
+WATCHED_S = 2 * SYNC_S
 #: Writes 16 MiB files into the root's in-memory layer, one output line each, forever.
 FILL_MEMORY = (
     "i=0; while head -c 16777216 /dev/urandom > /tmp/fill$i; do i=$((i+1)); "
@@ -192,7 +197,7 @@ def test_a_sandbox_whose_runtime_is_killed_ends_its_stream_at_once_and_is_gone(
 
     def kill_when_streaming() -> None:
         if streaming.wait(30):
-            time.sleep(0.3)
+            time.sleep(WATCHED_S)
             os.kill(pid, signal.SIGKILL)
 
     killer = threading.Thread(target=kill_when_streaming, daemon=True)
@@ -215,3 +220,26 @@ def test_a_sandbox_whose_runtime_is_killed_ends_its_stream_at_once_and_is_gone(
         assert other.commands.run("echo alive").stdout.strip() == "alive"
     finally:
         other.kill()
+
+
+def test_a_paused_sandbox_whose_frozen_runtime_dies_is_gone(node: NodeServer) -> None:
+    """Paused in memory (frozen, not yet written to disk), its memory is all it has: a death
+    then loses it, and the sandbox goes instead of resuming into nothing."""
+    sbx = Sandbox.create(timeout=120)
+    sid = sbx.sandbox_id
+    pid = _sentry_pid(node, sid)
+    netns = _netns(node, sid)
+    assert sbx.pause() is True
+    assert Sandbox.get_info(sid).state == "paused"
+    time.sleep(WATCHED_S)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + STREAM_END_S
+    while time.monotonic() < deadline:
+        status, _ = _api_get(node, f"/sandboxes/{sid}")
+        if status == 404:
+            break
+        time.sleep(0.05)
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sid)
+    _assert_dead(node, sbx, "killed by SIGKILL")
+    assert _gone(node, sid, netns) == []
