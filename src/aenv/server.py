@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from aenv.api.app import NodeApp, build_api
-from aenv.core import ids, proc
+from aenv.core import faults, ids, proc
 from aenv.core.errors import AenvError, FailedPrecondition
 from aenv.core.locks import HeldLock, lock_home, lock_slot_range
 from aenv.core.settings import Settings
@@ -34,18 +34,24 @@ from aenv.network.pool import NetConfig, SlotPool
 from aenv.orchestrator.builder import Builder
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deaths import DeathWatch
+from aenv.orchestrator.gc import run_gc_loop
+from aenv.orchestrator.paused_repo import publish_pending
 from aenv.orchestrator.recover import recover
+from aenv.orchestrator.restore_match import host_requirements
 from aenv.orchestrator.spill import Spiller
 from aenv.orchestrator.template_image import with_memory_image
 from aenv.orchestrator.ttl import run_ttl_loop
 from aenv.orchestrator.warm import WarmPool
 from aenv.proxy.app import Proxy
 from aenv.runtime.gvisor import GvisorConfig, GvisorRuntime
+from aenv.storage.artifacts import Artifacts
+from aenv.storage.blobs import BlobCache
 from aenv.storage.files import rmtree
 from aenv.storage.images import ImageLimits, ImageStore
 from aenv.storage.layer_cache import CachePolicy, LayerCache
 from aenv.storage.layers import LayerStore
 from aenv.storage.mounts import mounts_under, unmount
+from aenv.storage.objects import ObjectStore, parse_location
 from aenv.storage.repository import SnapshotRepository
 from aenv.storage.rootfs import RootfsStore
 from aenv.storage.skopeo import Skopeo
@@ -129,6 +135,15 @@ def image_store(settings: Settings, layers: LayerStore, rootfs: RootfsStore) -> 
     return images
 
 
+def open_repository(settings: Settings, layers: LayerStore) -> SnapshotRepository:
+    """The snapshot repository the settings name, with this node's cache of its blobs."""
+    location = parse_location(settings.repository_location(), s3=settings.s3_options())
+    cache_dir = settings.home / "cache"
+    blobs = BlobCache(cache_dir / "blobs", settings.repository_cache_bytes)
+    return SnapshotRepository(ObjectStore(location), Artifacts(cache_dir, layers, blobs),
+                              staging=settings.home / "staging", images=cache_dir / "images")
+
+
 async def _sweep_build_scratch(build_dir: Path) -> None:
     """What a crashed build left: layer views still mounted, temporary tars."""
     scratch = build_dir / "scratch"
@@ -144,10 +159,12 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     settings.home.mkdir(parents=True, exist_ok=True)
     bundle = await _prepare_envd(settings)
     layers = LayerStore(settings.layers_dir or settings.home / "layers")
-    repository = SnapshotRepository(settings.home / "repository", settings.home / "staging")
-    for leftover in repository.start():
-        log.info("removed %s, left by an interrupted snapshot", leftover)
+    repository = open_repository(settings, layers)
+    with console.status(f"opening the repository {repository.store.describe()}"):
+        for leftover in await repository.start():
+            log.info("removed %s, left by an interrupted snapshot", leftover)
     catalog = TemplateCatalog(layers, repository)
+    catalog.own_bundle = bundle
     await _prepare_templates(catalog)
     store = await Store.open(settings.home / "state.db")
     pool = SlotPool(NetConfig(
@@ -157,6 +174,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     ))
     guests = GuestConnector()
     runtime = GvisorRuntime(GvisorConfig(state_dir=settings.home / "runtime"))
+    catalog.host = await host_requirements(runtime)
     rootfs = RootfsStore.at_home(settings.home)
     template_store = TemplateStore(store.db)
     catalog.built = template_store
@@ -175,6 +193,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         envd_bundle=bundle, repository=repository, paused_dir=settings.home / "paused",
         layers=layers, images=images,
         template_store=template_store, build_dir=build_dir,
+        host_requirements=catalog.host,
     )
     builder = Builder(node, template_store, files_dir=build_dir / "files",
                       scratch_dir=build_dir / "scratch")
@@ -196,11 +215,15 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
                  "%d could not be recovered (torn down)",
                  len(set(plan.reattach) - set(plan.failed)), len(plan.teardown),
                  len(plan.orphans), len(swept), len(plan.failed))
+        if published := await publish_pending(node):
+            log.info("published %d paused sandboxes to the repository", published)
         failed = await builder.recover()
         if failed:
             log.info("%d template builds were cut short by the restart", failed)
         spiller.start()
         tasks.append(asyncio.create_task(run_ttl_loop(node), name="ttl"))
+        if settings.gc_interval_s:
+            tasks.append(asyncio.create_task(run_gc_loop(node), name="gc"))
         deaths.start()
         base = await catalog.resolve(settings.default_template)
         with console.status("preparing the base template's memory image"):
@@ -282,6 +305,7 @@ def main(settings: Settings | None = None) -> None:
     )
     # One line per proxied request is noise at info level.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    faults.arm(settings.crash_at)
     # asyncio's own loop, not uvloop: every runsc, mount, ip and nft call is a subprocess, and
     # libuv spawns by fork(): 15 ms and 11 ms of CPU per spawn from this process, against 4 ms
     # and 3 ms with asyncio (subprocess's vfork). A resume hot is one spawn.

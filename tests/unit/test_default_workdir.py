@@ -25,7 +25,8 @@ def test_envd_gets_a_workdir_only_when_the_template_has_one() -> None:
 
 def test_manifests_without_and_with_an_old_default_workdir() -> None:
     fields = {"snapshot_id": "x", "template_id": "base", "created_at": 1.0, "layers": [],
-              "envd_bundle": "/b", "cpu_count": 1, "memory_mb": 256}
+              "envd_bundle": {"digest": "sha256:" + "0" * 64, "size": 1},
+              "cpu_count": 1, "memory_mb": 256}
     assert SnapshotManifest.model_validate_json(json.dumps(fields)).default_workdir is None
     # Written before None existed: the image's envd holds /home/user, so that stays.
     old = SnapshotManifest.model_validate_json(json.dumps({**fields, "default_workdir":

@@ -17,6 +17,7 @@ from aenv.api.schemas import (
     ErrorOut,
     ForkBody,
     ForkEntry,
+    GcOut,
     ListedSandbox,
     NetworkUpdate,
     NewSandbox,
@@ -35,6 +36,7 @@ from aenv.api.templates import delete_built_template
 from aenv.core.errors import Conflict, InvalidArgument, NotFound
 from aenv.core.ids import is_sandbox_id
 from aenv.core.states import SandboxState
+from aenv.orchestrator import gc
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops import create as create_op
 from aenv.orchestrator.ops import fork as fork_op
@@ -238,6 +240,14 @@ async def list_snapshots(
     if cursor:
         response.headers["X-Next-Token"] = cursor
     return [snapshot_info(s) for s in page]
+
+
+@router.post("/repository/gc", response_model=GcOut)
+async def repository_gc(node: NodeDep) -> GcOut:
+    """aenv's own: collect the repository's garbage now (``orchestrator/gc.py``)."""
+    plan = await gc.collect(node)
+    return GcOut(deletedBlobs=len(plan.delete), freedBytes=plan.freed_bytes,
+                 keptReferenced=plan.kept_referenced, keptRecent=plan.kept_young)
 
 
 @router.delete("/templates/{template_id:path}", status_code=204)

@@ -136,6 +136,15 @@ class SnapshotInfo(BaseModel):
     names: list[str]
 
 
+class GcOut(BaseModel):
+    """``POST /repository/gc`` (aenv's own)."""
+
+    deletedBlobs: int
+    freedBytes: int
+    keptReferenced: int
+    keptRecent: int
+
+
 class ErrorOut(BaseModel):
     code: int
     message: str

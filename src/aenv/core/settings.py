@@ -190,6 +190,18 @@ class Settings(BaseSettings):
     bundle tarballs), in bytes (0: unbounded); least recently used ones are dropped beyond it
     and fetched again when needed."""
 
+    gc_interval_s: float = Field(default=3600.0, ge=0)
+    """How often this node collects the repository's garbage (blobs no committed snapshot,
+    template or paused sandbox names). 0: never (another node does it)."""
+
+    gc_grace_s: float = Field(default=3600.0, ge=0)
+    """A blob without a manifest is kept this long: a commit in flight on any node writes its
+    blobs before its manifest. Longer than the slowest commit."""
+
+    crash_at: str | None = None
+    """Testing only: the server kills itself (SIGKILL) when it reaches this step
+    (``step`` or ``step:N``; the steps are listed in docs/repository.md)."""
+
     envd_bundle: Path | None = None
     """envd bundle directory mounted into sandboxes. Unset: ``<home>/envd-bundle``, built on
     first start."""

@@ -87,9 +87,10 @@ class Spiller:
         try:
             await spill(self.node, sandbox_id)
         except AenvError as exc:
-            log.warning("writing paused sandbox %s to disk failed (retry in %.0fs): %s",
-                        sandbox_id, RETRY_S, exc.message)
+            log.warning("writing paused sandbox %s to disk failed; it stays paused in memory "
+                        "(retry in %.0fs): %s", sandbox_id, RETRY_S, exc.message)
             self.schedule(sandbox_id, delay=RETRY_S)
         except Exception:
-            log.exception("writing paused sandbox %s to disk failed", sandbox_id)
+            log.exception("writing paused sandbox %s to disk failed; it stays paused in memory",
+                          sandbox_id)
             self.schedule(sandbox_id, delay=RETRY_S)

@@ -27,20 +27,23 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import datetime
 import logging
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from aenv.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from aenv.core.faults import fault
 from aenv.storage.artifacts import Artifacts
-from aenv.storage.blobs import BlobCache, BlobRef, push
+from aenv.storage.blobs import BlobCache, BlobRef, blob_key, push
 from aenv.storage.files import fsync_dirs, listdir, rmtree
+from aenv.storage.gc import DEFAULT_GRACE_S, CollectionPlan, plan_collection
 from aenv.storage.manifest import (
     IMAGE_FILES,
     MANIFEST_FORMAT,
@@ -69,6 +72,7 @@ __all__ = [
 log = logging.getLogger("aenv.storage.repository")
 
 MANIFEST_PREFIX = "manifests/"
+BLOB_LIST_PREFIX = "blobs/"
 #: How stale a listing may be (other nodes commit and delete behind our back).
 REFRESH_S = 1.0
 
@@ -114,6 +118,40 @@ class Staged:
         return self.path / "memory"
 
 
+class _Gate:
+    """Commits run together; garbage collection runs alone (asyncio has no reader-writer
+    lock; this is the smallest one that serves)."""
+
+    def __init__(self) -> None:
+        self._commits = 0
+        self._collecting = False
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def commit(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._collecting)
+            self._commits += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._commits -= 1
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def collect(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._collecting and not self._commits)
+            self._collecting = True
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._collecting = False
+                self._changed.notify_all()
+
+
 class SnapshotRepository:
     def __init__(
         self, store: ObjectStore, artifacts: Artifacts, staging: Path, images: Path
@@ -129,6 +167,7 @@ class SnapshotRepository:
         self._refreshed = 0.0
         self._committing: set[str] = set()
         self._materializing: dict[str, asyncio.Lock] = {}
+        self._gate = _Gate()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -243,28 +282,38 @@ class SnapshotRepository:
             raise AlreadyExists(f"snapshot {snapshot_id} already exists")
         self._committing.add(snapshot_id)
         try:
-            files = (await self._adopt_image(staged.snapshot_id, memory_dir or staged.memory_dir)
-                     if memory else [])
-            layer_blobs = [await self.artifacts.layer_blob(path) for path in layers]
-            bundle = await self.artifacts.bundle_blob(envd_bundle)
-            manifest = SnapshotManifest(
-                **draft.model_dump(), layers=layer_blobs, memory=files, envd_bundle=bundle)
-            for path, ref in zip(layers, layer_blobs, strict=True):
-                await self._push(ref, path)
-            await self._push(bundle, envd_bundle)
-            for memory_file in files:
-                await self._push(memory_file, None)
-            await self.store.put_bytes(
-                manifest_key(snapshot_id), manifest.model_dump_json(indent=1).encode(),
-                create=True)
-            snapshot = Snapshot(manifest)
-            self._index[snapshot_id] = snapshot
+            async with self._gate.commit():
+                snapshot = await self._publish(staged, draft, layers, envd_bundle,
+                                               memory, memory_dir)
         finally:
             self._committing.discard(snapshot_id)
-        if files:
-            await asyncio.to_thread(self._link_image, manifest)
+        if snapshot.manifest.memory:
+            await asyncio.to_thread(self._link_image, snapshot.manifest)
         await self.discard(staged)
         log.info("committed snapshot %s to %s", snapshot_id, self.store.describe())
+        return snapshot
+
+    async def _publish(self, staged: Staged, draft: SnapshotDraft, layers: Sequence[Path],
+                       envd_bundle: Path, memory: bool, memory_dir: Path | None) -> Snapshot:
+        snapshot_id = staged.snapshot_id
+        files = (await self._adopt_image(snapshot_id, memory_dir or staged.memory_dir)
+                 if memory else [])
+        layer_blobs = [await self.artifacts.layer_blob(path) for path in layers]
+        bundle = await self.artifacts.bundle_blob(envd_bundle)
+        manifest = SnapshotManifest(
+            **draft.model_dump(), layers=layer_blobs, memory=files, envd_bundle=bundle)
+        sources: list[tuple[Blob, Path | None]] = [
+            *zip(layer_blobs, layers, strict=True), (bundle, envd_bundle),
+            *((f, None) for f in files)]
+        present = [ref for ref, source in sources if not await self._push(ref, source)]
+        fault(f"commit.{draft.kind}.blobs")
+        await self.store.put_bytes(
+            manifest_key(snapshot_id), manifest.model_dump_json(indent=1).encode(),
+            create=True)
+        fault(f"commit.{draft.kind}.manifest")
+        await self._recheck(present, dict((r.digest, s) for r, s in sources))
+        snapshot = Snapshot(manifest)
+        self._index[snapshot_id] = snapshot
         return snapshot
 
     async def _adopt_image(self, snapshot_id: str, memory_dir: Path) -> list[MemoryFile]:
@@ -279,14 +328,24 @@ class SnapshotRepository:
             files.append(MemoryFile(name=name, digest=ref.digest, size=ref.size))  # type: ignore[arg-type]
         return files
 
-    async def _push(self, ref: Blob, exported_from: Path | None) -> None:
+    async def _push(self, ref: Blob, exported_from: Path | None) -> bool:
+        """Put one blob unless the store has it; True if it was put."""
         blob = BlobRef(ref.digest, ref.size)
-        if exported_from is not None and not self.cache.has(ref.digest):
-            head = await self.store.head(f"blobs/sha256/{ref.digest.removeprefix('sha256:')}")
-            if head is not None:
-                return
+        if await self.store.head(blob_key(ref.digest)) is not None:
+            return False
+        if exported_from is not None:
             await self.artifacts.ensure_exported(exported_from, blob)
         await push(self.store, self.cache, blob)
+        return True
+
+    async def _recheck(self, present: Sequence[Blob], sources: dict[str, Path | None]) -> None:
+        """Blobs this commit found already in the store may have been deleted since by a GC
+        on another node (they were unreferenced and old): put back any that are gone."""
+        for ref in present:
+            if await self.store.head(blob_key(ref.digest)) is None:
+                log.warning("blob %s vanished during a commit (a GC elsewhere?): put again",
+                            ref.digest)
+                await self._push(ref, sources.get(ref.digest))
 
     def _check_staged(self, staged: Staged) -> None:
         # Never rename or delete a path the caller made up: only direct children of our staging
@@ -380,6 +439,33 @@ class SnapshotRepository:
         for snapshot in self._index.values():
             found |= snapshot.manifest.digests()
         return found
+
+    # -- garbage collection -------------------------------------------------------------------
+
+    async def collect_garbage(self, *, grace_s: float = DEFAULT_GRACE_S) -> CollectionPlan:
+        """Delete the blobs no committed manifest names (``storage/gc.py`` has the rules),
+        and this node's local images of snapshots that are gone.
+
+        Safe while creates, pauses, snapshots and builds run: commits on this node wait for
+        the pass (and it for them); other nodes' commits are covered by ``grace_s``.
+        On failure: :class:`Unavailable`; what was deleted stays deleted (unreferenced).
+        """
+        async with self._gate.collect():
+            await self.refresh(force=True)
+            blobs = await self.store.list(BLOB_LIST_PREFIX)
+            now = datetime.datetime.now(datetime.UTC)
+            plan = plan_collection(blobs, self.referenced_digests(), now=now, grace_s=grace_s)
+            fault("gc.planned")
+            for key in plan.delete:
+                await self.store.delete(key)
+                fault("gc.deleted")
+        for name in listdir(self.images):
+            if not name.startswith(".") and name not in self._index:
+                await asyncio.to_thread(rmtree, self.images / name)
+        log.info("gc: deleted %d blobs (%.1f MB), kept %d referenced and %d recent",
+                 len(plan.delete), plan.freed_bytes / 1e6, plan.kept_referenced,
+                 plan.kept_young)
+        return plan
 
     # -- making a snapshot usable here --------------------------------------------------------
 

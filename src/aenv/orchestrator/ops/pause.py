@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from aenv.core.errors import Conflict, FailedPrecondition, InDoubt
+from aenv.core.faults import fault
 from aenv.core.states import SandboxState
 from aenv.orchestrator import paused_repo
 from aenv.orchestrator.context import Node
@@ -105,7 +106,9 @@ async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
         await asyncio.to_thread(shutil.rmtree, final, True)
         partial.parent.mkdir(parents=True, exist_ok=True)
         image = await node.runtime.checkpoint(instance, partial, leave_running=False)
+        fault("spill.checkpointed")
         await asyncio.to_thread(_seal, partial, final)
+        fault("spill.sealed")
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, partial, True)
         await node.store.update(record, state=SandboxState.PAUSED)
@@ -120,6 +123,7 @@ async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
         await asyncio.to_thread(shutil.rmtree, final, True)
         await node.store.update(record, state=SandboxState.PAUSED)
         raise
+    fault("spill.destroyed")
     await node.guests.forget(slot)
     await node.pool.release(slot)
     data = {k: v for k, v in (record.instance or {}).items() if k == "envd_bundle"}

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from aenv.core.errors import Conflict, FailedPrecondition
+from aenv.core.faults import fault
 from aenv.core.ids import new_snapshot_id
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
@@ -52,6 +53,7 @@ async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snap
             # The image is on the node's disk: the source runs on while it is committed.
             await back_to_running(node, record)
         saved = time.monotonic()
+        fault("snapshot.checkpointed")
         snapshot = await node.repository.commit(
             staged, draft_of(node, record, staged.snapshot_id, name),
             layers=node.rootfs.recorded_lowers(record.sandbox_id) or [],

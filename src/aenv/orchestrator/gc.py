@@ -1,0 +1,40 @@
+"""The node's garbage-collection loop over the repository (``storage/gc.py`` has the rules).
+
+One pass every ``gc_interval_s`` (and on ``POST /repository/gc``); a failed pass (the store
+unreachable) is logged and the next one tries again. Passes never overlap on one node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aenv.core.errors import AenvError
+from aenv.orchestrator.context import Node
+from aenv.storage.gc import CollectionPlan
+
+log = logging.getLogger("aenv.orchestrator.gc")
+
+_running = asyncio.Lock()
+
+
+async def collect(node: Node) -> CollectionPlan:
+    """One pass now (waits for a pass in progress to finish first)."""
+    async with _running:
+        plan = await node.repository.collect_garbage(grace_s=node.settings.gc_grace_s)
+        trimmed = node.repository.cache.trim()
+        if trimmed:
+            log.info("gc: dropped %d cached blobs over the cache's budget", len(trimmed))
+        return plan
+
+
+async def run_gc_loop(node: Node) -> None:
+    while True:
+        await asyncio.sleep(node.settings.gc_interval_s)
+        try:
+            await collect(node)
+        except AenvError as exc:
+            log.warning("gc pass failed (next in %.0f s): %s", node.settings.gc_interval_s,
+                        exc.message)
+        except Exception:
+            log.exception("gc pass failed")
