@@ -30,6 +30,7 @@ from aenv.core.faults import fault
 from aenv.core.states import SandboxState
 from aenv.orchestrator import paused_repo
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.disk_room import ensure_room
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.store.models import SandboxRecord
@@ -105,6 +106,7 @@ async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
         await asyncio.to_thread(shutil.rmtree, partial, True)
         await asyncio.to_thread(shutil.rmtree, final, True)
         partial.parent.mkdir(parents=True, exist_ok=True)
+        ensure_room(node.runtime, instance, partial.parent, f"writing sandbox {sid} to disk")
         image = await node.runtime.checkpoint(instance, partial, leave_running=False)
         fault("spill.checkpointed")
         await asyncio.to_thread(_seal, partial, final)

@@ -26,6 +26,7 @@ from aenv.core.faults import fault
 from aenv.core.ids import new_snapshot_id
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.disk_room import ensure_room
 from aenv.orchestrator.instance_codec import decode, envd_bundle_of
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.runtime.base import MemoryImage
@@ -73,6 +74,8 @@ async def checkpoint_running(node: Node, record: SandboxRecord, dest: Path) -> M
     slot, instance = decode(record.instance, record.sandbox_id)
     if instance is None or slot is None:
         raise FailedPrecondition(f"sandbox {record.sandbox_id} has no runtime")
+    ensure_room(node.runtime, instance, dest.parent,
+                f"a memory image of sandbox {record.sandbox_id}")
     async with quiesced(node, record.sandbox_id, slot):
         return await node.runtime.checkpoint(instance, dest, leave_running=True)
 
