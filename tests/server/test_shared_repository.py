@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from e2b import Sandbox, Template
+from e2b.exceptions import SandboxException
 
 from aenv.storage.manifest import SnapshotManifest
 from aenv.storage.objects import ObjectStore
@@ -161,3 +162,35 @@ def _top_layer(s3: S3Server, prefix: str, name: str) -> Path:
                 return manifest.layers[-1].layer_id
         raise AssertionError(f"no template image named {name} in the repository")
     return CACHE / "layers" / asyncio.run(read())
+
+
+def test_with_the_repository_down_a_snapshot_fails_clearly_and_a_pause_stays_local() -> None:
+    with run_s3_server() as s3:
+        node = start_server(free_port(), **s3_settings(s3, f"down-{secrets.token_hex(4)}"))
+        try:
+            with sdk_env(node):
+                sbx = Sandbox.create(timeout=600)
+                sbx.files.write("/home/user/kept.txt", "kept")
+                s3.stop()
+                started = time.monotonic()
+                with pytest.raises(SandboxException) as failed:
+                    sbx.create_snapshot()
+                took = time.monotonic() - started
+                assert "repository" in str(failed.value), failed.value
+                assert took < 90, took
+                assert sbx.is_running()
+                assert sbx.files.read("/home/user/kept.txt") == "kept"
+                assert _entries(node.home / "staging") == []
+                sbx.pause()
+                wait_for("the spill", lambda: "stays paused on this node only" in node.log())
+                resumed = Sandbox.connect(sbx.sandbox_id, timeout=120)
+                assert resumed.files.read("/home/user/kept.txt") == "kept"
+                resumed.kill()
+        finally:
+            node.stop()
+            kill_leaked(node.home)
+            cleanup_home(node.home)
+
+
+def _entries(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
