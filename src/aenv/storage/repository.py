@@ -390,11 +390,23 @@ class SnapshotRepository:
             self._index.pop(snapshot_id, None)
         return found
 
-    async def lookup(self, name_or_id: str) -> Snapshot | None:
-        """:meth:`find`, refreshing the index from the store first if it does not know it."""
+    async def lookup(self, name_or_id: str, *, verify: bool = False) -> Snapshot | None:
+        """:meth:`find`, refreshing the index from the store first if it does not know it.
+
+        ``verify``: also make sure the one found is still committed (another node may have
+        deleted it since the index was read: one HEAD request), refreshing if it is not.
+        """
         found = self.find(name_or_id)
+        if found is not None and verify and not await self.committed(found.snapshot_id):
+            found = None
         if found is None and is_snapshot_id(name_or_id):
-            await self.refresh(force=True)
+            # An id another node committed since the index was read: one request for it,
+            # then (for names) a listing at most every REFRESH_S.
+            direct = await self._load(manifest_key(name_or_id), name_or_id)
+            if direct is not None:
+                self._index[name_or_id] = direct
+                return direct
+            await self.refresh()
             found = self.find(name_or_id)
         return found
 

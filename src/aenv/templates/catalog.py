@@ -47,7 +47,7 @@ class TemplateCatalog:
     async def resolve(self, name: str) -> Template:
         if name == BASE and self._base is not None:
             return self._base
-        snapshot = await self._repository.lookup(name)
+        snapshot = await self._repository.lookup(name, verify=True)
         if snapshot is not None and snapshot.manifest.kind == "snapshot":
             return await self.from_snapshot(snapshot)
         built = await self._resolve_built(name)
