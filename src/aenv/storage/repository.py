@@ -32,7 +32,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from aenv.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument,
 from aenv.core.faults import fault
 from aenv.storage.artifacts import Artifacts
 from aenv.storage.blobs import BlobCache, BlobRef, blob_key, push
+from aenv.storage.commit_gate import CommitGate
 from aenv.storage.files import fsync_dirs, listdir, rmtree
 from aenv.storage.gc import DEFAULT_GRACE_S, CollectionPlan, plan_collection
 from aenv.storage.manifest import (
@@ -118,40 +119,6 @@ class Staged:
         return self.path / "memory"
 
 
-class _Gate:
-    """Commits run together; garbage collection runs alone (asyncio has no reader-writer
-    lock; this is the smallest one that serves)."""
-
-    def __init__(self) -> None:
-        self._commits = 0
-        self._collecting = False
-        self._changed = asyncio.Condition()
-
-    @contextlib.asynccontextmanager
-    async def commit(self) -> AsyncIterator[None]:
-        async with self._changed:
-            await self._changed.wait_for(lambda: not self._collecting)
-            self._commits += 1
-        try:
-            yield
-        finally:
-            async with self._changed:
-                self._commits -= 1
-                self._changed.notify_all()
-
-    @contextlib.asynccontextmanager
-    async def collect(self) -> AsyncIterator[None]:
-        async with self._changed:
-            await self._changed.wait_for(lambda: not self._collecting and not self._commits)
-            self._collecting = True
-        try:
-            yield
-        finally:
-            async with self._changed:
-                self._collecting = False
-                self._changed.notify_all()
-
-
 class SnapshotRepository:
     def __init__(
         self, store: ObjectStore, artifacts: Artifacts, staging: Path, images: Path
@@ -167,7 +134,7 @@ class SnapshotRepository:
         self._refreshed = 0.0
         self._committing: set[str] = set()
         self._materializing: dict[str, asyncio.Lock] = {}
-        self._gate = _Gate()
+        self._gate = CommitGate()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
