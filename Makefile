@@ -33,6 +33,7 @@ bench: deps bundle
 	$(BIN)/python -m bench.node_bench
 	$(BIN)/python -m bench.lifecycle_bench
 	$(BIN)/python -m bench.images_bench
+	$(BIN)/python -m bench.repository_bench
 
 lint: deps
 	$(BIN)/ruff check src tests bench
