@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from aenv.core.errors import DataLoss, InvalidArgument
+from aenv.core.errors import DataLoss, InvalidArgument, NotFound
 from aenv.storage.files import fsync_dirs, listdir, rmtree
 from aenv.storage.objects import ObjectStore
 
@@ -170,16 +170,13 @@ class BlobCache:
     async def _download(self, store: ObjectStore, ref: BlobRef, final: Path) -> Path:
         self._partial.mkdir(parents=True, exist_ok=True)
         temporary = self._partial / secrets.token_hex(8)
-        h = hashlib.sha256()
-        size = 0
         try:
-            with open(temporary, "wb") as out:
-                async for chunk in store.stream(blob_key(ref.digest)):
-                    h.update(chunk)
-                    size += len(chunk)
-                    await asyncio.to_thread(out.write, chunk)
-                await asyncio.to_thread(os.fsync, out.fileno())
-            got = "sha256:" + h.hexdigest()
+            local = store.local_path(blob_key(ref.digest))
+            if local is not None:
+                # A posix repository on this machine: link (or copy) the file, hash it here.
+                got, size = await asyncio.to_thread(_take_local, local, temporary)
+            else:
+                got, size = await _stream_to(store, ref, temporary)
             if got != ref.digest or size != ref.size:
                 raise DataLoss(
                     f"blob {ref.digest} from {store.describe()} is corrupt: got {size} bytes "
@@ -260,6 +257,29 @@ async def push(store: ObjectStore, cache: BlobCache, ref: BlobRef) -> bool:
         return False
     await store.put_file(key, cache.path(ref.digest))
     return True
+
+
+async def _stream_to(store: ObjectStore, ref: BlobRef, temporary: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(temporary, "wb") as out:
+        async for chunk in store.stream(blob_key(ref.digest)):
+            h.update(chunk)
+            size += len(chunk)
+            await asyncio.to_thread(out.write, chunk)
+        await asyncio.to_thread(os.fsync, out.fileno())
+    return "sha256:" + h.hexdigest(), size
+
+
+def _take_local(source: Path, temporary: Path) -> tuple[str, int]:
+    """Hard-link (else copy) a posix repository's blob file and hash it (blocking)."""
+    try:
+        os.link(source, temporary)
+    except FileNotFoundError as exc:
+        raise NotFound(f"blob {source.name} is not in the repository") from exc
+    except OSError:
+        _copy_file(source, temporary)
+    return hash_file(temporary)
 
 
 def _copy_file(source: Path, destination: Path) -> None:

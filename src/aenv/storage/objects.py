@@ -154,6 +154,13 @@ class ObjectStore:
                 )
         return found
 
+    def local_path(self, key: str) -> Path | None:
+        """Where a posix repository keeps ``key`` (readers on this machine may link or copy
+        it directly); ``None`` for S3."""
+        if isinstance(self.location, PosixLocation):
+            return self.location.root / key
+        return None
+
     # -- writes -------------------------------------------------------------------------------
 
     async def put_bytes(self, key: str, data: bytes, *, create: bool = False) -> None:

@@ -41,7 +41,7 @@ from pydantic import ValidationError
 from aenv.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from aenv.core.faults import fault
 from aenv.storage.artifacts import Artifacts
-from aenv.storage.blobs import BlobCache, BlobRef, blob_key, push
+from aenv.storage.blobs import BlobCache, BlobRef, blob_key
 from aenv.storage.commit_gate import CommitGate
 from aenv.storage.files import fsync_dirs, listdir, rmtree
 from aenv.storage.gc import DEFAULT_GRACE_S, CollectionPlan, plan_collection
@@ -74,6 +74,8 @@ log = logging.getLogger("aenv.storage.repository")
 
 MANIFEST_PREFIX = "manifests/"
 BLOB_LIST_PREFIX = "blobs/"
+#: Blob puts one commit runs at once.
+PUT_CONCURRENCY = 4
 #: How stale a listing may be (other nodes commit and delete behind our back).
 REFRESH_S = 1.0
 
@@ -272,7 +274,15 @@ class SnapshotRepository:
         sources: list[tuple[Blob, Path | None]] = [
             *zip(layer_blobs, layers, strict=True), (bundle, envd_bundle),
             *((f, None) for f in files)]
-        present = [ref for ref, source in sources if not await self._push(ref, source)]
+        # A few puts at once: on S3 each request has a round trip of its own.
+        limit = asyncio.Semaphore(PUT_CONCURRENCY)
+
+        async def put(ref: Blob, source: Path | None) -> bool:
+            async with limit:
+                return await self._push(ref, source)
+
+        put_done = await asyncio.gather(*(put(ref, source) for ref, source in sources))
+        present = [ref for (ref, _), done in zip(sources, put_done, strict=True) if not done]
         fault(f"commit.{draft.kind}.blobs")
         await self.store.put_bytes(
             manifest_key(snapshot_id), manifest.model_dump_json(indent=1).encode(),
@@ -302,7 +312,7 @@ class SnapshotRepository:
             return False
         if exported_from is not None:
             await self.artifacts.ensure_exported(exported_from, blob)
-        await push(self.store, self.cache, blob)
+        await self.store.put_file(blob_key(ref.digest), self.cache.path(ref.digest))
         return True
 
     async def _recheck(self, present: Sequence[Blob], sources: dict[str, Path | None]) -> None:
