@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from e2b import Sandbox, Template
-from e2b.exceptions import SandboxException
+from e2b.exceptions import ServiceBusyException
 
 from aenv.storage.manifest import SnapshotManifest
 from aenv.storage.objects import ObjectStore
@@ -173,7 +173,7 @@ def test_with_the_repository_down_a_snapshot_fails_clearly_and_a_pause_stays_loc
                 sbx.files.write("/home/user/kept.txt", "kept")
                 s3.stop()
                 started = time.monotonic()
-                with pytest.raises(SandboxException) as failed:
+                with pytest.raises(ServiceBusyException) as failed:
                     sbx.create_snapshot()
                 took = time.monotonic() - started
                 assert "repository" in str(failed.value), failed.value
