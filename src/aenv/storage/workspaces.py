@@ -1,0 +1,482 @@
+"""Sandbox workspaces: one ext4 image of the sandbox's ``diskSizeMB`` per sandbox, in the pool.
+
+Owns these entries of the reflink pool (``<home>/workspaces``, see :mod:`aenv.storage.reflink_fs`)
+and ``<home>/workspaces-mnt/`` and nothing else::
+
+    <pool>/<sandbox_id>.img         the sandbox's disk: sparse ext4 of diskSizeMB (writable)
+    <pool>/.blank/<size_mb>.img     a blank ext4 per size, made once by mkfs.ext4; every create
+                                    is a clone of it (~ms), never an mkfs
+    <pool>/.staging/<name>.<hex>    images being made; linked into place when complete
+    <home>/workspaces-mnt/<id>/     where the image is mounted while attached, holding
+        upper/  work/               the overlayfs upper and work directories of the sandbox's rootfs
+
+Why a filesystem per sandbox (docs/spikes/workspace-gvisor.md, design I): the image size *is* the
+quota (a write past it is ENOSPC in the guest, the sandbox lives on), and snapshot/fork copies one
+file with ``FICLONE`` whatever the number of files inside. Images appear only by ``link(2)`` of a
+complete, fsynced file from ``.staging`` (no clobbering), so a crash never leaves a half image
+under a sandbox id; :meth:`WorkspaceStore.clean_staging` sweeps the leftovers.
+
+Attached = loop device (``losetup --direct-io=on``) + ext4 mount at ``workspaces-mnt/<id>``; the
+loop device is released right after the mount (autoclear), so unmounting frees it. The mount
+table and ``/sys/block/loop*`` are the truth for what is attached; :meth:`observe` reads both for
+crash recovery, and every clean-up step counts "already gone" as done. Callers serialize
+operations on one sandbox (the orchestrator's state machine does).
+
+Space: the pool must never run out underneath a sandbox. Measured: when a sparse image cannot
+get blocks from a full pool, the guest's ext4 sees I/O errors, aborts its journal and goes
+read-only, losing data. So creates and clones are admitted only while the worst case fits:
+every writable image may fill up to its size, every other file (snapshots, blanks) keeps what
+it holds; see :func:`aenv.storage.workspace_state.committed_bytes`, which with
+:func:`~aenv.storage.workspace_state.observe` holds the read-only side of this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import errno
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from aenv.core import proc
+from aenv.core.errors import (
+    AlreadyExists,
+    CommandError,
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotEnoughSpace,
+    NotFound,
+)
+from aenv.storage import loopdev, workspace_state
+from aenv.storage.files import fsync_dirs, listdir
+from aenv.storage.mounts import MOUNT_TIMEOUT_S, read_mountinfo, unmount
+from aenv.storage.reflink_fs import NotReflinkable, ReflinkPool, ficlone
+from aenv.storage.rootfs import check_sandbox_id
+from aenv.storage.workspace_state import BLANK as _BLANK
+from aenv.storage.workspace_state import STAGING as _STAGING
+from aenv.storage.workspace_state import SUFFIX as _SUFFIX
+from aenv.storage.workspace_state import WorkspaceObservation
+
+#: Names of the overlay directories inside a mounted workspace.
+UPPER = "upper"
+WORK = "work"
+#: mkfs.ext4 needs a few MiB for its journal and metadata; E2B's smallest disk is far above.
+MIN_SIZE_MB = 32
+MAX_SIZE_MB = 16 << 20  # 16 TiB, ext4's limit with 4 KiB blocks
+#: mkfs.ext4 of a sparse 5 GiB file takes ~20 ms; a minute means a hung pool.
+MKFS_TIMEOUT_S = 60.0
+#: A freeze writes back everything the sandbox left dirty; a minute covers GBs.
+FREEZE_TIMEOUT_S = 60.0
+#: Inner filesystem options: ``discard`` turns guest deletes into holes in the image (pool space
+#: comes back, workspace-reflink.md §1); ``noatime`` spares a metadata write per read.
+EXT4_MOUNT_OPTIONS = "noatime,discard"
+#: ``-m 0``: the whole disk is the guest's (reserved blocks need CAP_SYS_RESOURCE to reach);
+#: ``-b 4096``: mke2fs would choose 1 KiB blocks below 512 MiB. On a file, mke2fs zeroes by
+#: discard (hole punch), so inode tables are marked zeroed and no lazyinit thread writes later.
+_MKFS_EXT4_ARGS = ("-q", "-F", "-m", "0", "-b", "4096", "-L", "aenv-ws")
+#: What fsfreeze says when thawing a filesystem that is not frozen: nothing to do.
+_NOT_FROZEN = "Invalid argument"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A workspace image on disk."""
+
+    sandbox_id: str
+    image: Path
+    size_mb: int
+
+
+class WorkspaceStore:
+    """The per-sandbox disk images of one aenv home, over a started :class:`ReflinkPool`."""
+
+    def __init__(self, pool: ReflinkPool, *, overcommit: float = 1.0, reserve_mb: int = 64):
+        self.pool = pool
+        #: ``<home>/workspaces-mnt``: mount points of attached workspaces.
+        self.mounts_root = pool.home / "workspaces-mnt"
+        #: Admit images while the worst case is at most this share of the pool's size. Above 1
+        #: a pool can fill under running sandboxes (their writes then fail with EIO, see above).
+        self.overcommit = overcommit
+        #: Room kept free for the pool filesystem's own metadata (XFS log, extent maps).
+        self.reserve_bytes = reserve_mb << 20
+        self._admit = asyncio.Lock()
+        self._blank_locks: collections.defaultdict[int, asyncio.Lock] = collections.defaultdict(
+            asyncio.Lock
+        )
+
+    # -- paths and reading --------------------------------------------------------------------
+
+    def image_path(self, sandbox_id: str) -> Path:
+        """Where sandbox ``sandbox_id``'s image lives (whether or not it exists)."""
+        return self.pool.path / f"{check_sandbox_id(sandbox_id)}{_SUFFIX}"
+
+    def mount_point(self, sandbox_id: str) -> Path:
+        """Where the image is mounted while attached; ``upper/`` and ``work/`` are inside."""
+        return self.mounts_root / check_sandbox_id(sandbox_id)
+
+    def get(self, sandbox_id: str) -> Workspace:
+        """The workspace of ``sandbox_id``; :class:`NotFound` if it has none."""
+        image = self.image_path(sandbox_id)
+        try:
+            size = image.stat().st_size
+        except FileNotFoundError:
+            raise NotFound(f"sandbox {sandbox_id} has no workspace image") from None
+        return Workspace(sandbox_id, image, size >> 20)
+
+    def is_attached(self, sandbox_id: str) -> bool:
+        """Whether the workspace is mounted at its mount point."""
+        return self._mounted_device(self.mount_point(sandbox_id)) is not None
+
+    def committed_bytes(self) -> int:
+        """The most the pool's files can ever occupy (:func:`workspace_state.committed_bytes`)."""
+        return workspace_state.committed_bytes(self.pool.path)
+
+    def observe(self) -> WorkspaceObservation:
+        """Every workspace image, loop device and mount of this store (no subprocess)."""
+        return workspace_state.observe(self.pool.path, self.mounts_root)
+
+    # -- creating and copying -----------------------------------------------------------------
+
+    async def create(self, sandbox_id: str, size_mb: int) -> Workspace:
+        """Give ``sandbox_id`` a new, empty workspace of ``size_mb`` MiB.
+
+        Prerequisites: the pool is started; the sandbox has no workspace.
+        On success: ``<pool>/<id>.img``, a clone of the blank ext4 of that size (made by mkfs
+        the first time a size is asked for), not attached.
+        On failure: :class:`AlreadyExists`; :class:`InvalidArgument` for a size out of
+        [MIN_SIZE_MB, MAX_SIZE_MB]; :class:`NotEnoughSpace` if the worst case would not fit the
+        pool; :class:`FailedPrecondition` if mkfs.ext4 is missing. No image is left behind.
+        """
+        if not MIN_SIZE_MB <= size_mb <= MAX_SIZE_MB:
+            raise InvalidArgument(f"disk size {size_mb} MiB not in [{MIN_SIZE_MB}, {MAX_SIZE_MB}]")
+        image = self.image_path(sandbox_id)
+        if image.exists():
+            raise AlreadyExists(f"sandbox {sandbox_id} already has a workspace")
+        blank = await self._blank(size_mb)
+        await self._clone_into(blank, image, writable=True, copy_ok=True)
+        return Workspace(sandbox_id, image, size_mb)
+
+    async def create_from(self, sandbox_id: str, source: Path) -> Workspace:
+        """Give ``sandbox_id`` a workspace that is a clone of the image file ``source`` (a
+        snapshot's, made by :meth:`clone` or :meth:`clone_frozen`).
+
+        Prerequisites: ``source`` is on the pool's filesystem and nothing writes it.
+        On success: ``<pool>/<id>.img`` with ``source``'s content, not attached.
+        On failure: :class:`AlreadyExists`, :class:`NotFound` (no ``source``),
+        :class:`NotEnoughSpace`, :class:`NotReflinkable`; no image is left behind.
+        """
+        image = self.image_path(sandbox_id)
+        if image.exists():
+            raise AlreadyExists(f"sandbox {sandbox_id} already has a workspace")
+        if not source.is_file():
+            raise NotFound(f"workspace image {source} not found")
+        await self._clone_into(source, image, writable=True)
+        return self.get(sandbox_id)
+
+    async def clone(self, src_id: str, dest: str | Path) -> Path:
+        """Copy ``src_id``'s detached workspace, sharing every block (``FICLONE``).
+
+        ``dest`` is a sandbox id (a ``str``: a fork child's workspace ``<pool>/<id>.img``) or a
+        file path (a ``Path``: e.g. a snapshot's image; on the pool's filesystem, not existing).
+
+        Prerequisites: the source is *not* attached (an attached one may have writes in flight:
+        use :meth:`clone_frozen`).
+        On success: the path of the new file, complete and durable.
+        On failure: :class:`NotFound`; :class:`FailedPrecondition` if the source is attached;
+        :class:`NotReflinkable` on a pool without reflinks; :class:`AlreadyExists` if ``dest``
+        exists; :class:`NotEnoughSpace`. Nothing is left at ``dest``.
+        """
+        source = self.get(src_id).image
+        if self.is_attached(src_id) or loopdev.loops_backed_by(source):
+            raise FailedPrecondition(
+                f"workspace of {src_id} is attached: freeze it (clone_frozen) or detach it first"
+            )
+        return await self._clone_to(source, dest)
+
+    async def clone_frozen(self, src_id: str, dest: str | Path) -> Path:
+        """Point-in-time copy of ``src_id``'s workspace, attached or not: ``fsfreeze -f`` of its
+        ext4 (flushes it clean and blocks its writers), ``FICLONE``, ``fsfreeze -u``.
+
+        Prerequisites: as :meth:`clone`, except that the source may be attached. Writers in the
+        sandbox block (uninterruptibly) while frozen, so pause the sandbox first; the freeze
+        takes as long as writing back what it left dirty (~50-65 ms for 10 MiB in the spike).
+        On success: as :meth:`clone`; the filesystem is thawed.
+        On failure: as :meth:`clone`; the filesystem is thawed whatever failed (also on
+        cancellation). Only a crash of this process can leave it frozen: :meth:`attach` of an
+        attached workspace thaws it.
+        """
+        source = self.get(src_id).image
+        mount_point = self.mount_point(src_id)
+        if self._mounted_device(mount_point) is None:
+            return await self.clone(src_id, dest)
+        fsfreeze = loopdev.require_tool("fsfreeze", "util-linux")
+        try:
+            await proc.run([fsfreeze, "--freeze", str(mount_point)], timeout=FREEZE_TIMEOUT_S)
+            return await self._clone_to(source, dest)
+        finally:
+            await asyncio.shield(self._thaw(mount_point))
+
+    async def grow(self, sandbox_id: str, size_mb: int) -> Workspace:
+        """Make ``sandbox_id``'s disk ``size_mb`` MiB.
+
+        Prerequisites: the workspace exists; ``size_mb`` is not below its size (ext4 shrinks
+        only offline, and a guest may use every block). Detached, or attached on a host where
+        this process has CAP_SYS_RESOURCE (the kernel's online ext4 resize demands it).
+        On success: the image file and the ext4 in it have the new size (attached: the guest
+        sees it at once). Detached: ``e2fsck -f -p`` then ``resize2fs`` of the file.
+        On failure: :class:`InvalidArgument`, :class:`NotEnoughSpace`, :class:`NotFound`;
+        :class:`FailedPrecondition` if attached and online resize is not permitted (detach and
+        retry); ``CommandError`` from e2fsck/resize2fs. A crash after the file grew and before
+        resize2fs leaves a bigger file over the old filesystem: calling grow again finishes it.
+        """
+        ws = self.get(sandbox_id)
+        if not ws.size_mb <= size_mb <= MAX_SIZE_MB:
+            raise InvalidArgument(
+                f"cannot resize {sandbox_id}'s {ws.size_mb} MiB disk to {size_mb}"
+            )
+        resize2fs = loopdev.require_tool("resize2fs", "e2fsprogs")
+        device = self._mounted_device(self.mount_point(sandbox_id))
+        if device is not None and not _has_cap_sys_resource():
+            raise FailedPrecondition(
+                f"online resize of {sandbox_id}'s disk needs CAP_SYS_RESOURCE, which this "
+                "process lacks: detach it and grow it offline"
+            )
+        async with self._admit:
+            self._check_space((size_mb - ws.size_mb) << 20)
+            os.truncate(ws.image, size_mb << 20)
+        if device is not None:
+            await loopdev.set_capacity(device)
+            try:
+                await proc.run([resize2fs, device], timeout=MKFS_TIMEOUT_S)
+            except CommandError as exc:
+                if "Permission denied" in exc.stderr:
+                    raise FailedPrecondition(
+                        f"online resize of {sandbox_id}'s disk needs CAP_SYS_RESOURCE: "
+                        "detach it and grow it offline"
+                    ) from exc
+                raise
+        else:
+            e2fsck = loopdev.require_tool("e2fsck", "e2fsprogs")
+            # resize2fs refuses a filesystem not checked since its last mount; -p fixes only
+            # what is safe without asking and fails (rc >= 4) on anything worse.
+            await proc.run([e2fsck, "-f", "-p", str(ws.image)], timeout=MKFS_TIMEOUT_S)
+            await proc.run([resize2fs, str(ws.image)], timeout=MKFS_TIMEOUT_S)
+            await asyncio.to_thread(_fsync_file, ws.image)
+        return self.get(sandbox_id)
+
+    # -- attaching ----------------------------------------------------------------------------
+
+    async def attach(self, sandbox_id: str) -> Path:
+        """Mount ``sandbox_id``'s workspace at :meth:`mount_point` (idempotent).
+
+        Prerequisites: the workspace exists; root.
+        On success: the mount point, with ``upper/`` and ``work/`` for the sandbox's overlay.
+        Already attached: returned as is, thawed if a crash left it frozen. Loop devices a
+        crash left unmounted on the image are detached first.
+        On failure: :class:`NotFound`; :class:`Conflict` if something else is mounted there or
+        the image is mounted elsewhere; ``CommandError`` if mount fails (the message is
+        mount's, e.g. a damaged filesystem). The loop device is detached again on failure.
+        """
+        image = self.get(sandbox_id).image
+        mount_point = self.mount_point(sandbox_id)
+        device = self._mounted_device(mount_point)
+        if device is not None:
+            if device not in {loop.device for loop in loopdev.loops_backed_by(image)}:
+                raise Conflict(f"{mount_point} has {device} mounted, not the workspace {image}")
+            await self._thaw(mount_point)
+            self._make_dirs(mount_point)
+            return mount_point
+        sources = {m.source for m in read_mountinfo()}
+        for loop in loopdev.loops_backed_by(image):
+            if loop.device in sources:
+                raise Conflict(f"workspace {image} is mounted elsewhere ({loop.device})")
+            await loopdev.detach(loop.device)
+        mount_point.mkdir(parents=True, exist_ok=True)
+        device = await loopdev.attach(image, direct_io=True)
+        try:
+            await proc.run(
+                ["mount", "-t", "ext4", "-o", EXT4_MOUNT_OPTIONS, device, str(mount_point)],
+                timeout=MOUNT_TIMEOUT_S,
+            )
+        except BaseException:
+            await asyncio.shield(loopdev.detach(device))
+            raise
+        await loopdev.release(device)
+        self._make_dirs(mount_point)
+        return mount_point
+
+    async def detach(self, sandbox_id: str) -> None:
+        """Unmount the workspace and free its loop device (idempotent: not attached = done).
+
+        Prerequisites: nothing uses the mount any more (the sandbox's overlay is unmounted).
+        On success: not mounted, no loop device on the image, mount point directory removed.
+        The data is durable (unmount writes everything back).
+        On failure: :class:`Conflict` if the mount is busy; ``CommandError`` otherwise.
+        """
+        image = self.image_path(sandbox_id)
+        mount_point = self.mount_point(sandbox_id)
+        if self._mounted_device(mount_point) is not None:
+            # A frozen filesystem would hang the unmount's final sync.
+            await self._thaw(mount_point)
+            await unmount(str(mount_point), lazy=False, what=f"workspace of {sandbox_id}")
+        for loop in loopdev.loops_backed_by(image):
+            await loopdev.detach(loop.device)
+        with contextlib.suppress(FileNotFoundError):
+            mount_point.rmdir()
+
+    async def remove(self, sandbox_id: str) -> None:
+        """Detach and delete the workspace (idempotent: no workspace = done).
+
+        Prerequisites: as :meth:`detach`. On success: the image is gone; clones of it (snapshots,
+        fork children) are independent files and keep their data.
+        On failure: as :meth:`detach`; the image stays if detaching failed.
+        """
+        await self.detach(sandbox_id)
+        with contextlib.suppress(FileNotFoundError):
+            self.image_path(sandbox_id).unlink()
+            fsync_dirs(self.pool.path)
+
+    async def clean_staging(self) -> None:
+        """Remove what crashed creates and clones left in ``.staging`` and free loop devices on
+        deleted or non-workspace pool files. Call at start-up, before any create or clone."""
+        sources = {m.source for m in read_mountinfo()}
+        for device in self.observe().orphan_loops:
+            if device not in sources:
+                await loopdev.detach(device)
+        for name in listdir(self.pool.path / _STAGING):
+            with contextlib.suppress(FileNotFoundError):
+                (self.pool.path / _STAGING / name).unlink()
+
+    # -- inside -------------------------------------------------------------------------------
+
+    def _mounted_device(self, mount_point: Path) -> str | None:
+        device = None
+        for m in read_mountinfo():
+            if m.mount_point == str(mount_point):
+                device = m.source  # the last one is on top
+        return device
+
+    def _make_dirs(self, mount_point: Path) -> None:
+        for name in (UPPER, WORK):
+            path = mount_point / name
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()
+                path.chmod(0o755)  # the upper's root is the sandbox's "/": never let umask decide
+
+    async def _thaw(self, mount_point: Path) -> None:
+        fsfreeze = loopdev.require_tool("fsfreeze", "util-linux")
+        try:
+            await proc.run([fsfreeze, "--unfreeze", str(mount_point)], timeout=FREEZE_TIMEOUT_S)
+        except CommandError as exc:
+            if _NOT_FROZEN not in exc.stderr:
+                raise
+
+    async def _blank(self, size_mb: int) -> Path:
+        blank = self.pool.path / _BLANK / f"{size_mb}{_SUFFIX}"
+        if blank.exists():
+            return blank
+        async with self._blank_locks[size_mb]:
+            if blank.exists():
+                return blank
+            mkfs = loopdev.require_tool("mkfs.ext4", "e2fsprogs")
+            blank.parent.mkdir(exist_ok=True)
+            tmp = self._staging_path(f"blank-{size_mb}")
+            try:
+                with open(tmp, "xb") as fh:
+                    fh.truncate(size_mb << 20)
+                await proc.run([mkfs, *_MKFS_EXT4_ARGS, str(tmp)], timeout=MKFS_TIMEOUT_S)
+                await asyncio.to_thread(_fsync_file, tmp)
+                tmp.rename(blank)  # equal content whoever wins: clobbering is harmless
+            except BaseException as exc:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+                if isinstance(exc, CommandError) and "No space" in exc.stderr:
+                    raise NotEnoughSpace(f"no space in the pool for a blank image: {exc}") from exc
+                raise
+            fsync_dirs(blank.parent)
+        return blank
+
+    def _staging_path(self, name: str) -> Path:
+        staging = self.pool.path / _STAGING
+        staging.mkdir(exist_ok=True)
+        return staging / f"{name}.{secrets.token_hex(6)}"
+
+    async def _clone_to(self, source: Path, dest: str | Path) -> Path:
+        if isinstance(dest, str):
+            target = self.image_path(dest)
+            writable = True
+        else:
+            target = Path(os.path.realpath(dest))
+            writable = False
+            if target.parent == self.pool.path or _STAGING in target.parts:
+                raise InvalidArgument(f"{dest} is a workspace path: pass a sandbox id instead")
+            try:
+                same_fs = target.parent.stat().st_dev == self.pool.path.stat().st_dev
+            except FileNotFoundError:
+                raise NotFound(f"directory {target.parent} does not exist") from None
+            if not same_fs:
+                raise InvalidArgument(f"{dest} is not on the pool's filesystem {self.pool.path}")
+        await self._clone_into(source, target, writable=writable)
+        return target
+
+    async def _clone_into(
+        self, source: Path, target: Path, *, writable: bool, copy_ok: bool = False
+    ) -> None:
+        """Clone ``source`` to ``target`` via ``.staging``; admitted under the space lock."""
+        if not self.pool.state.reflink and not copy_ok:
+            raise NotReflinkable(f"workspace pool {self.pool.path} cannot clone images")
+        if target.exists():
+            raise AlreadyExists(f"{target} already exists")
+        async with self._admit:
+            st = source.stat()
+            self._check_space(st.st_size if writable else st.st_blocks * 512)
+            tmp = self._staging_path(target.name)
+            try:
+                if self.pool.state.reflink:
+                    await asyncio.to_thread(ficlone, source, tmp)
+                else:  # only blanks (copy_ok): a sparse copy of a fresh mkfs is small
+                    await proc.run(["cp", "--sparse=always", str(source), str(tmp)])
+                # link(2), unlike rename(2), never replaces a target created meanwhile.
+                os.link(tmp, target)
+            except FileExistsError:
+                raise AlreadyExists(f"{target} already exists") from None
+            except OSError as exc:
+                if exc.errno == errno.EXDEV:
+                    raise InvalidArgument(f"{target} is not on the pool's filesystem") from exc
+                raise
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+            fsync_dirs(target.parent)
+
+    def _check_space(self, new_bytes: int) -> None:
+        limit = int(self.pool.capacity_bytes() * self.overcommit) - self.reserve_bytes
+        committed = self.committed_bytes()
+        if committed + new_bytes > limit:
+            raise NotEnoughSpace(
+                f"workspace pool {self.pool.path} is full: {committed >> 20} MiB committed + "
+                f"{new_bytes >> 20} MiB > {limit >> 20} MiB"
+            )
+        if self.pool.free_bytes() < self.reserve_bytes:
+            raise NotEnoughSpace(f"workspace pool {self.pool.path} has no free space left")
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _has_cap_sys_resource() -> bool:
+    # Bit 24 of the effective set; containers often drop it (this CI host does).
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) & (1 << 24))
+    return False
