@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from aenv.api.schemas import Lifecycle, ListedSandbox, SandboxDetail, SandboxOut
 from aenv.core.settings import Settings
+from aenv.core.states import SandboxState
 from aenv.envd import ENVD_VERSION
 from aenv.store.models import SandboxRecord
 
@@ -57,4 +59,12 @@ def detail(record: SandboxRecord, settings: Settings) -> SandboxDetail:
         lifecycle=Lifecycle(
             onTimeout="pause" if record.auto_pause else "kill", autoResume=record.auto_resume
         ),
+        **_paused_fields(record),
     )
+
+
+def _paused_fields(record: SandboxRecord) -> dict[str, Any]:
+    if record.state not in (SandboxState.PAUSED, SandboxState.PAUSING):
+        return {}
+    return {"pauseMode": "full",
+            "envdUnresponsiveAtPause": bool((record.instance or {}).get("envd_unresponsive"))}

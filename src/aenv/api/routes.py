@@ -211,7 +211,10 @@ async def resume_v1(
 async def pause_sandbox(
     sandbox_id: str, node: NodeDep, body: PauseBody | None = None
 ) -> Response:
-    await pause_op.pause(node, _checked_id(sandbox_id))
+    # ``memory: false`` (filesystem only) is taken as a full pause: written files live in
+    # sandbox memory, so keeping both is the only way to keep the files (pauseMode "full").
+    await pause_op.pause(node, _checked_id(sandbox_id),
+                         require_healthy=bool(body and body.require_healthy_guest))
     return Response(status_code=204)
 
 

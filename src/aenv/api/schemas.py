@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -117,6 +117,10 @@ class SandboxDetail(ListedSandbox):
     allowInternetAccess: bool | None = None
     network: dict[str, Any] | None = None
     lifecycle: Lifecycle | None = None
+    #: Paused sandboxes: "full" (memory and files; every pause here is one, see PauseBody).
+    pauseMode: Literal["full", "filesystem"] | None = None
+    #: Paused sandboxes whose envd did not answer when the pause was asked for.
+    envdUnresponsiveAtPause: bool | None = None
 
 
 class SandboxMetric(BaseModel):

@@ -18,6 +18,10 @@ READY_POLL_S = 0.005
 READY_POLL_MAX_S = 0.05
 
 
+#: How long a pause waits for envd's answer before calling the guest unresponsive.
+HEALTH_PROBE_S = 2.0
+
+
 class EnvdClient:
     def __init__(self, transport: httpx.AsyncBaseTransport, slot: NetSlot) -> None:
         self._http = httpx.AsyncClient(
@@ -51,6 +55,14 @@ class EnvdClient:
             await asyncio.sleep(pause)
             pause = min(pause * 1.5, READY_POLL_MAX_S)
         raise Unavailable(f"envd did not become ready within {timeout:.0f}s ({last})")
+
+    async def healthy(self, timeout: float = HEALTH_PROBE_S) -> bool:
+        """One ``GET /health``: does envd answer now?"""
+        try:
+            response = await self._http.get("/health", timeout=timeout)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 204
 
     async def init(
         self, *, token: str, env_vars: dict[str, str], user: str, workdir: str | None,

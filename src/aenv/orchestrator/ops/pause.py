@@ -31,6 +31,7 @@ from aenv.core.states import SandboxState
 from aenv.orchestrator import paused_repo
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.disk_room import ensure_room
+from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.store.models import SandboxRecord
@@ -40,14 +41,34 @@ log = logging.getLogger("aenv.orchestrator.pause")
 _PAUSED = {SandboxState.PAUSED, SandboxState.PAUSING}
 
 
-async def pause(node: Node, sandbox_id: str) -> SandboxRecord:
+async def pause(node: Node, sandbox_id: str, *, require_healthy: bool = False
+                ) -> SandboxRecord:
+    """``require_healthy`` (E2B ``requireHealthyGuest``): refuse (409) when envd does not
+    answer, instead of pausing a guest that may be wedged; otherwise such a pause goes ahead
+    and the record says ``envd_unresponsive`` (shown as ``envdUnresponsiveAtPause``)."""
     record = await node.store.require(sandbox_id)
     if record.state in _PAUSED:
         raise Conflict(f"sandbox {sandbox_id} is already paused")
     if record.state != SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is {record.state}; try again")
+    healthy = await _guest_answers(node, record)
+    if not healthy and require_healthy:
+        raise Conflict(f"sandbox {sandbox_id}: envd does not answer, so it was not paused "
+                       "(requireHealthyGuest)")
     record = await node.store.update(record, state=SandboxState.PAUSING)
+    if not healthy:
+        log.warning("pausing %s although its envd does not answer", sandbox_id)
+        record = await node.store.update(
+            record, instance={**(record.instance or {}), "envd_unresponsive": True})
     return await asyncio.shield(_freeze(node, record))
+
+
+async def _guest_answers(node: Node, record: SandboxRecord) -> bool:
+    slot, _ = decode(record.instance, record.sandbox_id)
+    if slot is None:
+        return False
+    async with EnvdClient(node.guests.transport(slot), slot) as envd:
+        return await envd.healthy()
 
 
 async def _freeze(node: Node, record: SandboxRecord) -> SandboxRecord:
@@ -128,7 +149,8 @@ async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
     fault("spill.destroyed")
     await node.guests.forget(slot)
     await node.pool.release(slot)
-    data = {k: v for k, v in (record.instance or {}).items() if k == "envd_bundle"}
+    data = {k: v for k, v in (record.instance or {}).items()
+            if k in ("envd_bundle", "envd_unresponsive")}
     record = await node.store.update(
         record, state=SandboxState.PAUSED, instance={**data, "image": str(final)}
     )
