@@ -52,9 +52,11 @@ from aenv.storage.layer_cache import CachePolicy, LayerCache
 from aenv.storage.layers import LayerStore
 from aenv.storage.mounts import mounts_under, unmount
 from aenv.storage.objects import ObjectStore, parse_location
+from aenv.storage.reflink_fs import ReflinkPool
 from aenv.storage.repository import SnapshotRepository
 from aenv.storage.rootfs import RootfsStore
 from aenv.storage.skopeo import Skopeo
+from aenv.storage.workspaces import WorkspaceStore
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
 from aenv.templates.catalog import TemplateCatalog
@@ -144,6 +146,16 @@ def open_repository(settings: Settings, layers: LayerStore) -> SnapshotRepositor
                               staging=settings.home / "staging", images=cache_dir / "images")
 
 
+async def open_workspaces(settings: Settings) -> WorkspaceStore:
+    """The disk-workspace pool of this home (made on first use), leftovers swept."""
+    pool = ReflinkPool(settings.home, image_size_bytes=settings.workspace_pool_bytes or None)
+    with console.status("opening the workspace pool"):
+        await pool.start()
+    workspaces = WorkspaceStore(pool)
+    await workspaces.clean_staging()
+    return workspaces
+
+
 async def _sweep_build_scratch(build_dir: Path) -> None:
     """What a crashed build left: layer views still mounted, temporary tars."""
     scratch = build_dir / "scratch"
@@ -173,9 +185,16 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         first_index=settings.net_first_index, last_index=settings.net_last_index,
     ))
     guests = GuestConnector()
-    runtime = GvisorRuntime(GvisorConfig(state_dir=settings.home / "runtime"))
+    disk = settings.workspace == "disk"
+    runtime = GvisorRuntime(GvisorConfig(
+        state_dir=settings.home / "runtime",
+        # Disk workspaces: the root's writes go through the gofer to the host overlay (whose
+        # upper is the sandbox's disk image); /tmp stays in sandbox memory.
+        overlay2="none" if disk else "root:memory", tmp_in_memory=disk))
     catalog.host = await host_requirements(runtime)
-    rootfs = RootfsStore.at_home(settings.home)
+    rootfs = RootfsStore(settings.home / "sandboxes",
+                         await open_workspaces(settings) if disk else None,
+                         disk_mb=settings.disk_size_mb)
     template_store = TemplateStore(store.db)
     catalog.built = template_store
     build_dir = settings.home / "build"
@@ -226,9 +245,10 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
             tasks.append(asyncio.create_task(run_gc_loop(node), name="gc"))
         deaths.start()
         base = await catalog.resolve(settings.default_template)
-        with console.status("preparing the base template's memory image"):
-            base = await with_memory_image(node, base)
-        catalog.use_image(base)
+        if settings.workspace == "memory":
+            with console.status("preparing the base template's memory image"):
+                base = await with_memory_image(node, base)
+            catalog.use_image(base)
         warm = WarmPool(node, base, settings.warm_pool_size, settings.warm_pool_low)
         node.warm = warm
         warm.start()

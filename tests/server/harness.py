@@ -153,12 +153,21 @@ def kill_leaked(home: Path) -> list[int]:
 
 
 def cleanup_home(home: Path) -> None:
-    """Remove a test server's home, keeping its log at /tmp/aenv-test-logs/ for post-mortems."""
+    """Remove a test server's home, keeping its log at /tmp/aenv-test-logs/ for post-mortems.
+
+    Whatever is still mounted under it (a disk-workspace pool, a rootfs a crash left) is
+    detached first: deleting through a mount would delete what it shows, and a loop-mounted
+    pool would keep its loop device."""
     log = home / "server.log"
     if log.exists():
         keep = Path("/tmp/aenv-test-logs")
         keep.mkdir(exist_ok=True)
         shutil.copy(log, keep / f"{home.name}.log")
+    prefix = str(home.resolve()) + "/"
+    mounted = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+               if line.split()[1].startswith(prefix)]
+    for mount_point in sorted(mounted, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount_point], check=False, capture_output=True)
     shutil.rmtree(home, ignore_errors=True)
 
 

@@ -66,5 +66,6 @@ def detail(record: SandboxRecord, settings: Settings) -> SandboxDetail:
 def _paused_fields(record: SandboxRecord) -> dict[str, Any]:
     if record.state not in (SandboxState.PAUSED, SandboxState.PAUSING):
         return {}
-    return {"pauseMode": "full",
+    filesystem = bool((record.instance or {}).get("filesystem"))
+    return {"pauseMode": "filesystem" if filesystem else "full",
             "envdUnresponsiveAtPause": bool((record.instance or {}).get("envd_unresponsive"))}

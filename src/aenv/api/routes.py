@@ -211,10 +211,11 @@ async def resume_v1(
 async def pause_sandbox(
     sandbox_id: str, node: NodeDep, body: PauseBody | None = None
 ) -> Response:
-    # ``memory: false`` (filesystem only) is taken as a full pause: written files live in
-    # sandbox memory, so keeping both is the only way to keep the files (pauseMode "full").
+    # ``memory: false`` keeps only the files on a node with disk workspaces; with the files in
+    # sandbox memory (workspace=memory) keeping both is the only way to keep them.
     await pause_op.pause(node, _checked_id(sandbox_id),
-                         require_healthy=bool(body and body.require_healthy_guest))
+                         require_healthy=bool(body and body.require_healthy_guest),
+                         memory=not (body and body.memory is False))
     return Response(status_code=204)
 
 

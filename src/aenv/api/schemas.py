@@ -61,8 +61,8 @@ class ResumeBody(_In):
 
 
 class PauseBody(_In):
-    #: false = filesystem only. aenv's writable layer lives in sandbox memory, so a pause
-    #: always keeps memory and files together; accepted for compatibility.
+    #: false = filesystem only: honoured on nodes with disk workspaces; with the files in
+    #: sandbox memory (workspace=memory) a pause keeps memory and files together.
     memory: bool | None = None
     require_healthy_guest: bool | None = Field(default=None, alias="requireHealthyGuest")
 
@@ -117,7 +117,8 @@ class SandboxDetail(ListedSandbox):
     allowInternetAccess: bool | None = None
     network: dict[str, Any] | None = None
     lifecycle: Lifecycle | None = None
-    #: Paused sandboxes: "full" (memory and files; every pause here is one, see PauseBody).
+    #: Paused sandboxes: "full" (memory and files) or "filesystem" (files only: disk
+    #: workspaces and ``memory: false``).
     pauseMode: Literal["full", "filesystem"] | None = None
     #: Paused sandboxes whose envd did not answer when the pause was asked for.
     envdUnresponsiveAtPause: bool | None = None

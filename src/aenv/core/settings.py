@@ -154,6 +154,17 @@ class Settings(BaseSettings):
     build_ready_timeout_s: float = Field(default=300.0, gt=0)
     """How long a template's ready command may take to succeed after its start command."""
 
+    workspace: Literal["memory", "disk"] = "memory"
+    """Where a sandbox's written files live. ``memory``: inside the sandbox's memory (part of
+    every memory image; bounded by its memory limit). ``disk``: in a disk image of its own of
+    ``disk_size_mb`` (writes past it fail with ENOSPC), on a reflink-capable pool under
+    ``<home>/workspaces``; ``/tmp`` stays in memory. Disk workspaces do not yet support
+    snapshots, forks or resuming on another node (docs/workspaces.md)."""
+
+    workspace_pool_bytes: int = Field(default=0, ge=0)
+    """Size of the workspace pool image made when ``<home>/workspaces`` cannot reflink
+    (0: 80% of the free space of the home's filesystem, at most 1 TiB)."""
+
     repository: str | None = None
     """Where snapshots, templates and paused sandboxes are kept, shared by every node that
     names the same place: a directory (``posix_fs``; local or a shared mount) or

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aenv.core.errors import DeadlineExceeded, InvalidArgument
 from aenv.core.ids import new_access_token, new_sandbox_id
-from aenv.orchestrator import restore_match
+from aenv.orchestrator import disk_mode, restore_match
 from aenv.orchestrator.build_log import BuildLog
 from aenv.orchestrator.build_state import (
     FINALIZE_STEP,
@@ -78,10 +78,12 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
             if m.template_id == spec.template_id and m.metadata.get(IMAGE_KEY) == key:
                 log_.info("CACHED memory image (nothing changed)", FINALIZE_STEP)
                 return existing
+    snapshot_id = f"tpl-{spec.template_id}-{spec.build_id}"[:64]
+    if disk_mode.on_disk(node):
+        return await _files_only(node, state, plan, spec, snapshot_id, user, key, log_)
     log_.info(f"starting the template sandbox (user {user}, "
               f"workdir {state.workdir or 'home'})", FINALIZE_STEP)
     booted = await boot_sandbox(node, new_sandbox_id(), template)
-    snapshot_id = f"tpl-{spec.template_id}-{spec.build_id}"[:64]
     staged = node.repository.stage(snapshot_id)
     try:
         token = new_access_token()
@@ -124,6 +126,30 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
     task = asyncio.create_task(discard(node, booted), name=f"discard-{booted.sandbox_id}")
     _BACKGROUND.add(task)
     task.add_done_callback(_BACKGROUND.discard)
+    return snapshot
+
+
+async def _files_only(node: Node, state: StageState, plan: BuildPlan, spec: BuildSpec,
+                      snapshot_id: str, user: str, key: str, log_: BuildLog) -> Snapshot:
+    """A template without a memory image (disk workspaces): its sandboxes boot from the
+    layers. Start and ready commands would have to run at every create: refused for now."""
+    if plan.start_cmd or plan.ready_cmd:
+        disk_mode.refuse(node, "a template with a start or ready command")
+    draft = SnapshotDraft(
+        snapshot_id=snapshot_id, kind="template", template_id=spec.template_id,
+        names=[spec.name] if spec.name else [], created_at=node.clock(),
+        requirements=node.host_requirements, cpu_count=spec.cpu_count,
+        memory_mb=spec.memory_mb, default_user=user, default_workdir=state.workdir,
+        env_vars=dict(state.env), metadata={IMAGE_KEY: key},
+    )
+    staged = node.repository.stage(snapshot_id)
+    try:
+        snapshot = await node.repository.commit(
+            staged, draft, layers=state.layers, envd_bundle=node.envd_bundle, memory=False)
+    except BaseException:
+        await asyncio.shield(node.repository.discard(staged))
+        raise
+    log_.info("template committed without a memory image (disk workspaces)", FINALIZE_STEP)
     return snapshot
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from aenv.core.errors import AenvError, FailedPrecondition, NotFound
 from aenv.core.states import SandboxState
-from aenv.orchestrator import restore_match
+from aenv.orchestrator import disk_mode, restore_match
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import envd_bundle_of, paused_image
 from aenv.storage.repository import Snapshot, SnapshotDraft
@@ -88,6 +88,8 @@ async def publish(node: Node, record: SandboxRecord) -> SandboxRecord:
 
 async def publish_or_keep(node: Node, record: SandboxRecord) -> SandboxRecord:
     """:func:`publish`, or the record unchanged (logged) if the repository fails."""
+    if disk_mode.on_disk(node):
+        return record  # its files are in a disk image the repository cannot take yet
     try:
         return await publish(node, record)
     except AenvError as exc:

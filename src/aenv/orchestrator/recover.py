@@ -43,6 +43,7 @@ from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_from
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
+from aenv.orchestrator.ops.fs_pause import filesystem_only
 from aenv.orchestrator.ops.pause import image_dir, spill
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.runtime.base import IMAGE_FILES, Instance, Observed
@@ -62,6 +63,7 @@ class Action(enum.Enum):
     ON_DISK = "on-disk"            # paused, memory image on disk; nothing runs
     BACK_TO_DISK = "back-to-disk"  # a resume from disk never finished: drop its runtime
     SPILL = "spill"                # alive, paused or not: write it to disk now
+    FILES = "files"                # paused filesystem-only: nothing runs, the files are kept
     TEARDOWN = "teardown"
 
 
@@ -110,6 +112,11 @@ def decide(record: SandboxRecord, observed: Observed | None, image_complete: boo
     if in_doubt and state not in (S.CREATING, S.KILLING) and not (
             state == S.PAUSING and image_complete):
         return Action.SPILL
+    if state in (S.PAUSED, S.PAUSING, S.RESUMING) and filesystem_only(record):
+        # A pause that kept only the files (ops/fs_pause.py): they are the sandbox. A pause
+        # whose runtime still lives never got as far as destroying it; a reboot cut short is
+        # undone (its envd may not have the sandbox's token yet).
+        return Action.RUNNING if alive and state == S.PAUSING else Action.FILES
     if state in (S.RUNNING, S.SNAPSHOTTING, S.FORKING):
         return Action.RUNNING if alive else Action.TEARDOWN
     if state == S.PAUSED:
@@ -343,6 +350,19 @@ async def _apply(node: Node, record: SandboxRecord, action: Action,
             if node.spiller is not None:
                 node.spiller.schedule(sid)
         log.info("re-attached sandbox %s (%s)", sid, action.value)
+        return
+    if action == Action.FILES:
+        if instance is not None or observed is not None:
+            runtime_id = instance.runtime_id if instance else observed.runtime_id  # type: ignore[union-attr]
+            await node.runtime.destroy(Instance(sid, runtime_id, None, None))
+        if slot is not None:
+            await node.pool.release(slot)
+        await node.rootfs.disassemble(sid, keep_upper=True, lazy=True)
+        data = {k: v for k, v in (record.instance or {}).items() if k == "envd_bundle"}
+        data["filesystem"] = True
+        if record.state != S.PAUSED or data != (record.instance or {}):
+            await node.store.update(record, state=S.PAUSED, instance=data)
+        log.info("sandbox %s is paused, files only", sid)
         return
     # ON_DISK / BACK_TO_DISK: nothing may run; the image is the sandbox.
     if instance is not None or observed is not None:

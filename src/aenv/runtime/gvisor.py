@@ -77,6 +77,8 @@ class GvisorConfig:
     platform: str = "systrap"
     #: See ``RunscConfig.overlay2``: ``root:memory`` keeps written files inside checkpoints.
     overlay2: str = "root:memory"
+    #: A tmpfs at /tmp inside every sandbox (for ``overlay2="none"``: see ``oci.sandbox_config``).
+    tmp_in_memory: bool = False
     #: Host cgroup under which each sandbox gets ``<sandbox_id>`` (every v1 controller).
     cgroup_parent: str = "/aenv"
     limits: oci.Limits = field(default_factory=oci.Limits)
@@ -397,6 +399,7 @@ class GvisorRuntime:
             etc_mounts=etc,
             limits=self.config.limits,
             net_raw=self.config.net_raw,
+            tmp_in_memory=self.config.tmp_in_memory,
         )
         oci.write_config(bundle, config)
 

@@ -121,6 +121,7 @@ def sandbox_config(
     etc_mounts: Mapping[str, Path] | None = None,
     limits: Limits = Limits(),
     net_raw: bool = False,
+    tmp_in_memory: bool = False,
 ) -> dict[str, Any]:
     """The OCI ``config.json`` of one sandbox (pure).
 
@@ -170,6 +171,14 @@ def sandbox_config(
             "options": ["rbind", "ro"],
         },
     ]
+    if tmp_in_memory:
+        # With the root's writes on the host, a file open and deleted there makes every
+        # checkpoint fail (the gofer cannot restore it); temporary files are where programs
+        # do that, so /tmp stays in sandbox memory (docs/spikes/workspace-gvisor.md).
+        mounts.append(
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "nodev", "mode=1777", f"size={max(16, spec.memory_mb // 2)}m"]}
+        )
     sudo = spec.envd_bundle / "bin" / "sudo"
     if sudo.exists():
         # The runtime sets no_new_privs on every task, so setuid sudo cannot elevate: this

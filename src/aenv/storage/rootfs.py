@@ -38,12 +38,15 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aenv.core import proc
 from aenv.core.errors import Conflict, InvalidArgument, NotFound
 from aenv.storage.image_files import lookup_user
 from aenv.storage.mounts import MOUNT_TIMEOUT_S, read_mountinfo, unmount
+
+if TYPE_CHECKING:
+    from aenv.storage.workspaces import WorkspaceStore
 
 #: Sandbox ids become path components: letters, digits, ``_.-``, not starting with a dot.
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -101,10 +104,16 @@ class MountedRootfs:
 class RootfsStore:
     """The overlay root filesystems of one aenv home (``<home>/sandboxes``)."""
 
-    def __init__(self, sandboxes_dir: Path) -> None:
+    def __init__(self, sandboxes_dir: Path, workspaces: WorkspaceStore | None = None,
+                 disk_mb: int = 10_240) -> None:
         # The kernel reports mount points by their real path; resolve symlinks once so that
         # what we compute and what mountinfo shows compare equal.
         self.root = Path(os.path.realpath(sandboxes_dir))
+        #: Disk workspaces (``workspace = "disk"``): each sandbox's upper lives in a disk image
+        #: of its own, attached while the rootfs is mounted. None: uppers are plain directories.
+        self.workspaces = workspaces
+        #: Size of a new sandbox's disk image when the caller gives none.
+        self.disk_mb = disk_mb
 
     @classmethod
     def at_home(cls, home: Path) -> RootfsStore:
@@ -114,10 +123,12 @@ class RootfsStore:
     def paths(self, sandbox_id: str) -> SandboxPaths:
         """The host paths of sandbox ``sandbox_id`` (whether or not they exist)."""
         base = self.root / check_sandbox_id(sandbox_id)
+        writable = (base if self.workspaces is None
+                    else self.workspaces.mount_point(sandbox_id))
         return SandboxPaths(
             dir=base,
-            upper=base / "upper",
-            work=base / "work",
+            upper=writable / "upper",
+            work=writable / "work",
             rootfs=base / "rootfs",
             record=base / "rootfs.json",
         )
@@ -210,7 +221,8 @@ class RootfsStore:
 
     # -- changing -----------------------------------------------------------------------------
 
-    async def assemble(self, sandbox_id: str, lowers: Sequence[Path]) -> Path:
+    async def assemble(self, sandbox_id: str, lowers: Sequence[Path], *,
+                       disk_mb: int | None = None) -> Path:
         """Mount the sandbox's rootfs: ``lowers`` stacked under its upper.
 
         ``lowers`` go lowest first, as OCI manifests and templates list layers: the base image,
@@ -239,7 +251,19 @@ class RootfsStore:
                     f"{_show(recorded)} (asked for {_show(wanted)})"
                 )
             return paths.rootfs
-        fresh = not paths.upper.exists()
+        if self.workspaces is not None:
+            # The upper is inside the sandbox's disk image: make it (fresh) and attach it.
+            fresh = not self.workspaces.image_path(sandbox_id).exists()
+            if fresh:
+                await self.workspaces.create(sandbox_id, disk_mb or self.disk_mb)
+            try:
+                await self.workspaces.attach(sandbox_id)
+            except BaseException:
+                if fresh:
+                    await asyncio.shield(self.workspaces.remove(sandbox_id))
+                raise
+        else:
+            fresh = not paths.upper.exists()
         if not fresh and recorded is not None and recorded != wanted:
             raise Conflict(
                 f"upper of sandbox {sandbox_id} belongs to other layers: {_show(recorded)} "
@@ -273,6 +297,8 @@ class RootfsStore:
     async def _undo_fresh(self, paths: SandboxPaths) -> None:
         if any(m.mount_point == str(paths.rootfs) for m in read_mountinfo()):
             await unmount(str(paths.rootfs), lazy=True, what="a half-assembled rootfs")
+        if self.workspaces is not None:
+            await self.workspaces.remove(paths.dir.name)
         await asyncio.to_thread(_remove_pieces, paths)
 
     async def ensure_mounted(self, sandbox_id: str) -> Path:
@@ -290,6 +316,8 @@ class RootfsStore:
         if self.is_mounted(sandbox_id):
             return paths.rootfs
         recorded = self.recorded_lowers(sandbox_id)
+        if self.workspaces is not None and self.workspaces.image_path(sandbox_id).exists():
+            await self.workspaces.attach(sandbox_id)
         if recorded is None or not paths.upper.is_dir():
             raise NotFound(f"sandbox {sandbox_id} has no upper layer to mount in {paths.dir}")
         lowers = check_lowers(recorded)
@@ -321,6 +349,12 @@ class RootfsStore:
             await unmount(target, lazy=lazy, what=f"rootfs of sandbox {sandbox_id}")
         if self.is_mounted(sandbox_id):
             raise Conflict(f"could not unmount the rootfs of sandbox {sandbox_id}: still mounted")
+        if self.workspaces is not None:
+            # Detached while paused (its loop device and mount are freed), removed at the end.
+            if keep_upper:
+                await self.workspaces.detach(sandbox_id)
+            else:
+                await self.workspaces.remove(sandbox_id)
         if keep_upper:
             return
         # Deleting a tree that has a mount inside it would delete through the mount; as root

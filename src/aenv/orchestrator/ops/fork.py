@@ -34,6 +34,7 @@ from aenv.core.errors import (
 )
 from aenv.core.ids import new_sandbox_id
 from aenv.core.states import SandboxState
+from aenv.orchestrator import disk_mode
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.instance_codec import envd_bundle_of
@@ -64,6 +65,7 @@ async def fork(node: Node, sandbox_id: str, count: int, timeout_s: int | None
         raise NotFound(f"sandbox {sandbox_id} not found")
     if record.state != SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is {record.state.public}; fork a running one")
+    disk_mode.refuse(node, "fork")
     try:
         fits = await check_capacity(node, count)
     except ResourceExhausted as exc:

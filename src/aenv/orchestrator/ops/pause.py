@@ -28,11 +28,12 @@ from pathlib import Path
 from aenv.core.errors import Conflict, FailedPrecondition, InDoubt
 from aenv.core.faults import fault
 from aenv.core.states import SandboxState
-from aenv.orchestrator import paused_repo
+from aenv.orchestrator import disk_mode, paused_repo
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.disk_room import ensure_room
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
+from aenv.orchestrator.ops import fs_pause
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.store.models import SandboxRecord
 
@@ -41,11 +42,13 @@ log = logging.getLogger("aenv.orchestrator.pause")
 _PAUSED = {SandboxState.PAUSED, SandboxState.PAUSING}
 
 
-async def pause(node: Node, sandbox_id: str, *, require_healthy: bool = False
-                ) -> SandboxRecord:
+async def pause(node: Node, sandbox_id: str, *, require_healthy: bool = False,
+                memory: bool = True) -> SandboxRecord:
     """``require_healthy`` (E2B ``requireHealthyGuest``): refuse (409) when envd does not
     answer, instead of pausing a guest that may be wedged; otherwise such a pause goes ahead
-    and the record says ``envd_unresponsive`` (shown as ``envdUnresponsiveAtPause``)."""
+    and the record says ``envd_unresponsive`` (shown as ``envdUnresponsiveAtPause``).
+    ``memory=False`` on a node with disk workspaces keeps only the files (``fs_pause.py``);
+    elsewhere the files live in memory, so the pause keeps both."""
     record = await node.store.require(sandbox_id)
     if record.state in _PAUSED:
         raise Conflict(f"sandbox {sandbox_id} is already paused")
@@ -56,6 +59,8 @@ async def pause(node: Node, sandbox_id: str, *, require_healthy: bool = False
         raise Conflict(f"sandbox {sandbox_id}: envd does not answer, so it was not paused "
                        "(requireHealthyGuest)")
     record = await node.store.update(record, state=SandboxState.PAUSING)
+    if not memory and disk_mode.on_disk(node):
+        return await asyncio.shield(fs_pause.pause_files(node, record))
     if not healthy:
         log.warning("pausing %s although its envd does not answer", sandbox_id)
         record = await node.store.update(

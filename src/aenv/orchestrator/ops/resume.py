@@ -41,6 +41,7 @@ from aenv.orchestrator.instance_codec import (
     instance_json,
     paused_image,
 )
+from aenv.orchestrator.ops import fs_pause
 from aenv.orchestrator.ops.lifetime import set_timeout
 from aenv.orchestrator.ops.settle import settled
 from aenv.orchestrator.ops.teardown import teardown
@@ -102,6 +103,10 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
         data = {k: v for k, v in (record.instance or {}).items() if k != "frozen"}
         consumed = None
         how = "thawed"
+    elif fs_pause.filesystem_only(record):
+        record, data = await fs_pause.reboot(node, record)
+        consumed = None
+        how = "rebooted on its files"
     else:
         if await paused_repo.moved_away(node, record):
             await node.store.update(record, state=SandboxState.KILLING)

@@ -25,6 +25,7 @@ from aenv.core.errors import Conflict, FailedPrecondition
 from aenv.core.faults import fault
 from aenv.core.ids import new_snapshot_id
 from aenv.core.states import SandboxState
+from aenv.orchestrator import disk_mode
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.disk_room import ensure_room
 from aenv.orchestrator.instance_codec import decode, envd_bundle_of
@@ -40,6 +41,7 @@ async def create_snapshot(node: Node, sandbox_id: str, name: str | None) -> Snap
     record = await node.store.require(sandbox_id)
     if record.state != SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is {record.state.public}; snapshot a running one")
+    disk_mode.refuse(node, "a snapshot")
     record = await node.store.update(record, state=SandboxState.SNAPSHOTTING)
     return await asyncio.shield(_snapshot(node, record, name))
 

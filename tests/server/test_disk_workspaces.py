@@ -1,0 +1,139 @@
+"""Disk workspaces (``workspace = "disk"``): written files on a disk image of the sandbox's own.
+
+- a 1 GiB sandbox writes 4 GiB of files and survives a pause/resume with them, while its
+  runtime's memory stays near an idle sandbox's;
+- a write past ``disk_size_mb`` fails with ENOSPC inside the sandbox, which lives on;
+- a filesystem-only pause (``memory: false``) keeps the files, drops the processes, and the
+  resume is a new boot; ``pauseMode`` says which;
+- snapshots and forks are refused with a clear 501 (not built for disk workspaces yet);
+- a kill leaves no disk image, loop device or mount behind.
+
+Run with ``AENV_TEST_SLOT_BASE`` set to a slot range of one's own when other servers run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from tests.server.harness import API_KEY, NodeServer, serving
+
+pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.timeout(900)]
+
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+
+
+@pytest.fixture(scope="module")
+def disk_node() -> Iterator[NodeServer]:
+    with serving(workspace="disk", disk_size_mb="5120", default_memory_mb="1024",
+                 workspace_pool_bytes=str(12 << 30), warm_pool_size="0") as node:
+        yield node
+
+
+def _raw(node: NodeServer, method: str, path: str, **kw: object) -> httpx.Response:
+    return httpx.request(method, f"{node.url}{path}", headers={"X-API-KEY": API_KEY},
+                         timeout=120, **kw)  # type: ignore[arg-type]
+
+
+def _loop_devices_of(node: NodeServer) -> list[str]:
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        if str(node.home) in backing.read_text():
+            found.append(backing.parent.parent.name)
+    return found
+
+
+def _sandbox_pss_mb(node: NodeServer, sandbox_id: str) -> float:
+    """PSS of the sandbox's runsc processes (the sentry holds guest memory)."""
+    total = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            if sandbox_id.encode() not in cmdline or b"runsc" not in cmdline:
+                continue
+            for line in (proc / "smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def test_4_gib_of_files_in_a_1_gib_sandbox_survive_a_pause(disk_node: NodeServer) -> None:
+    sbx = Sandbox.create(timeout=900)
+    idle = _sandbox_pss_mb(disk_node, sbx.sandbox_id)
+    sbx.commands.run("for i in 1 2 3 4; do head -c 1073741824 /dev/urandom > ~/f$i; done",
+                     timeout=600)
+    sums = sbx.commands.run("tail -c 1048576 ~/f4 | md5sum; ls -l ~ | wc -l").stdout
+    df = sbx.commands.run("df -m / | tail -1").stdout.split()
+    assert int(df[2]) >= 4096, df  # used MiB on the sandbox's own disk
+    busy = _sandbox_pss_mb(disk_node, sbx.sandbox_id)
+    assert busy < idle + 256, (idle, busy)  # the files are not in the sandbox's memory
+    sbx.pause()
+    sbx = Sandbox.connect(sbx.sandbox_id, timeout=900)
+    assert sbx.commands.run("tail -c 1048576 ~/f4 | md5sum; ls -l ~ | wc -l").stdout == sums
+    sbx.kill()
+
+
+def test_a_write_past_the_disk_size_is_enospc_and_the_sandbox_lives(
+    disk_node: NodeServer,
+) -> None:
+    sbx = Sandbox.create(timeout=600)
+    result = sbx.commands.run("head -c 6000000000 /dev/zero > ~/too-big; echo rc=$?",
+                              timeout=600)
+    assert "No space left on device" in result.stderr, result.stderr
+    assert "rc=1" in result.stdout
+    sbx.commands.run("rm ~/too-big")
+    assert sbx.commands.run("echo alive > ~/after && cat ~/after").stdout.strip() == "alive"
+    sbx.kill()
+
+
+def test_a_filesystem_only_pause_keeps_files_and_boots_fresh(disk_node: NodeServer) -> None:
+    sbx = Sandbox.create(timeout=600)
+    sbx.files.write("/home/user/kept.txt", "kept")
+    boot_before = sbx.commands.run(BOOT_ID).stdout
+    sbx.commands.run("sleep 3600", background=True)
+    response = _raw(disk_node, "POST", f"/sandboxes/{sbx.sandbox_id}/pause",
+                    json={"memory": False})
+    assert response.status_code == 204, response.text
+    info = _raw(disk_node, "GET", f"/sandboxes/{sbx.sandbox_id}").json()
+    assert (info["state"], info["pauseMode"]) == ("paused", "filesystem")
+    assert not sbx.is_running()
+    resumed = Sandbox.connect(sbx.sandbox_id, timeout=600)
+    assert resumed.files.read("/home/user/kept.txt") == "kept"
+    assert resumed.commands.run(BOOT_ID).stdout != boot_before
+    assert "sleep 3600" not in resumed.commands.run("ps -eo args").stdout
+    resumed.kill()
+
+
+def test_snapshots_and_forks_are_refused_clearly(disk_node: NodeServer) -> None:
+    sbx = Sandbox.create(timeout=300)
+    for path, body in ((f"/sandboxes/{sbx.sandbox_id}/snapshots", {}),
+                       (f"/sandboxes/{sbx.sandbox_id}/fork", {"count": 1})):
+        response = _raw(disk_node, "POST", path, json=body)
+        assert response.status_code == 501, response.text
+        assert "disk workspaces" in response.json()["message"]
+    assert sbx.is_running()
+    sbx.kill()
+
+
+def test_a_kill_leaves_no_disk_image_behind(disk_node: NodeServer) -> None:
+    sbx = Sandbox.create(timeout=300)
+    image = disk_node.home / "workspaces" / f"{sbx.sandbox_id}.img"
+    assert image.exists()
+    sbx.kill()
+    deadline = time.monotonic() + 10
+    while image.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not image.exists()
+    mounts = Path("/proc/self/mounts").read_text()
+    assert f"workspaces-mnt/{sbx.sandbox_id}" not in mounts
+    # Only the pool's own loop device (if it is an image) is left.
+    assert len(_loop_devices_of(disk_node)) <= 1
