@@ -192,8 +192,8 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         # upper is the sandbox's disk image); /tmp stays in sandbox memory.
         overlay2="none" if disk else "root:memory", tmp_in_memory=disk))
     catalog.host = await host_requirements(runtime)
-    rootfs = RootfsStore(settings.home / "sandboxes",
-                         await open_workspaces(settings) if disk else None,
+    workspaces = await open_workspaces(settings) if disk else None
+    rootfs = RootfsStore(settings.home / "sandboxes", workspaces,
                          disk_mb=settings.disk_size_mb)
     template_store = TemplateStore(store.db)
     catalog.built = template_store
@@ -212,7 +212,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         envd_bundle=bundle, repository=repository, paused_dir=settings.home / "paused",
         layers=layers, images=images,
         template_store=template_store, build_dir=build_dir,
-        host_requirements=catalog.host,
+        host_requirements=catalog.host, workspaces=workspaces,
     )
     builder = Builder(node, template_store, files_dir=build_dir / "files",
                       scratch_dir=build_dir / "scratch")

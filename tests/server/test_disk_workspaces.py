@@ -5,7 +5,9 @@
 - a write past ``disk_size_mb`` fails with ENOSPC inside the sandbox, which lives on;
 - a filesystem-only pause (``memory: false``) keeps the files, drops the processes, and the
   resume is a new boot; ``pauseMode`` says which;
-- snapshots and forks are refused with a clear 501 (not built for disk workspaces yet);
+- fork x4 of that sandbox: every child has the 4 GiB (clones of the parent's disk, sharing
+  its blocks), and the children's and the parent's writes stay apart;
+- snapshots are refused with a clear 501 (not built for disk workspaces yet);
 - a kill leaves no disk image, loop device or mount behind.
 
 Run with ``AENV_TEST_SLOT_BASE`` set to a slot range of one's own when other servers run.
@@ -13,6 +15,7 @@ Run with ``AENV_TEST_SLOT_BASE`` set to a slot range of one's own when other ser
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +34,7 @@ BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 @pytest.fixture(scope="module")
 def disk_node() -> Iterator[NodeServer]:
     with serving(workspace="disk", disk_size_mb="5120", default_memory_mb="1024",
-                 workspace_pool_bytes=str(12 << 30), warm_pool_size="0") as node:
+                 workspace_pool_bytes=str(40 << 30), warm_pool_size="0") as node:
         yield node
 
 
@@ -79,6 +82,24 @@ def test_4_gib_of_files_in_a_1_gib_sandbox_survive_a_pause(disk_node: NodeServer
     sbx.pause()
     sbx = Sandbox.connect(sbx.sandbox_id, timeout=900)
     assert sbx.commands.run("tail -c 1048576 ~/f4 | md5sum; ls -l ~ | wc -l").stdout == sums
+    # Fork x4: each child starts on a clone of the parent's disk at the fork instant.
+    pool = disk_node.home / "workspaces"
+    before = shutil.disk_usage(pool).used
+    response = _raw(disk_node, "POST", f"/sandboxes/{sbx.sandbox_id}/fork", json={"count": 4})
+    assert response.status_code == 201, response.text
+    assert all("sandbox" in entry for entry in response.json()), response.json()
+    children = [entry["sandbox"]["sandboxID"] for entry in response.json()]
+    assert len(children) == 4
+    assert shutil.disk_usage(pool).used - before < 512 << 20  # clones share the 4 GiB
+    sbx.commands.run("echo parent > ~/who")
+    for n, child_id in enumerate(children):
+        child = Sandbox.connect(child_id, timeout=900)
+        check = "tail -c 1048576 ~/f4 | md5sum; ls -l ~ | wc -l"
+        assert child.commands.run(check).stdout == sums, child_id
+        assert child.commands.run(f"echo child{n} > ~/who && cat ~/who").stdout.strip() == \
+            f"child{n}"
+        child.kill()
+    assert sbx.commands.run("cat ~/who").stdout.strip() == "parent"
     sbx.kill()
 
 
@@ -113,13 +134,11 @@ def test_a_filesystem_only_pause_keeps_files_and_boots_fresh(disk_node: NodeServ
     resumed.kill()
 
 
-def test_snapshots_and_forks_are_refused_clearly(disk_node: NodeServer) -> None:
+def test_snapshots_are_refused_clearly(disk_node: NodeServer) -> None:
     sbx = Sandbox.create(timeout=300)
-    for path, body in ((f"/sandboxes/{sbx.sandbox_id}/snapshots", {}),
-                       (f"/sandboxes/{sbx.sandbox_id}/fork", {"count": 1})):
-        response = _raw(disk_node, "POST", path, json=body)
-        assert response.status_code == 501, response.text
-        assert "disk workspaces" in response.json()["message"]
+    response = _raw(disk_node, "POST", f"/sandboxes/{sbx.sandbox_id}/snapshots", json={})
+    assert response.status_code == 501, response.text
+    assert "disk workspaces" in response.json()["message"]
     assert sbx.is_running()
     sbx.kill()
 

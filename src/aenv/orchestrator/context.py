@@ -22,6 +22,7 @@ from aenv.runtime.base import Runtime
 from aenv.storage.images import ImageStore
 from aenv.storage.layers import LayerStore
 from aenv.storage.repository import SnapshotRepository
+from aenv.storage.workspaces import WorkspaceStore
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
 
@@ -110,3 +111,5 @@ class Node:
     #: What this node offers a memory image (``restore_match.host_requirements``): recorded
     #: in every manifest with one, checked before every restore of another node's image.
     host_requirements: dict[str, str] = field(default_factory=dict)
+    #: Disk workspaces (``workspace = "disk"``): the sandboxes' disk images; None otherwise.
+    workspaces: WorkspaceStore | None = None

@@ -43,6 +43,9 @@ class Template:
     metadata: dict[str, str] = field(default_factory=dict)
     #: Set for snapshots: the snapshot id (templates built in: None).
     snapshot_id: str | None = None
+    #: Disk workspaces: an image file on the workspace pool each sandbox's disk starts as a
+    #: clone of (a fork's parent at the checkpoint instant). None: an empty disk.
+    disk_image: Path | None = None
 
 
 class TemplateCatalog(Protocol):
@@ -64,7 +67,8 @@ class SlotPool(Protocol):
 
 
 class RootfsManager(Protocol):
-    async def assemble(self, sandbox_id: str, lowers: Sequence[Path]) -> Path: ...
+    async def assemble(self, sandbox_id: str, lowers: Sequence[Path], *,
+                       seed: Path | None = None) -> Path: ...
 
     def upper(self, sandbox_id: str) -> Path:
         """The host directory collecting the sandbox's writes (its overlay upper)."""

@@ -222,7 +222,7 @@ class RootfsStore:
     # -- changing -----------------------------------------------------------------------------
 
     async def assemble(self, sandbox_id: str, lowers: Sequence[Path], *,
-                       disk_mb: int | None = None) -> Path:
+                       disk_mb: int | None = None, seed: Path | None = None) -> Path:
         """Mount the sandbox's rootfs: ``lowers`` stacked under its upper.
 
         ``lowers`` go lowest first, as OCI manifests and templates list layers: the base image,
@@ -236,6 +236,8 @@ class RootfsStore:
         if the rootfs is already mounted over the same lowers, it is returned as is. A fresh
         upper gets /tmp (1777) and the user's home (/home/user, owned by ``user``) if the layers
         lack them, so the sandbox's unprivileged user can write both.
+        Disk workspaces: a fresh sandbox's disk image is made (``disk_mb``, or a clone of the
+        image file ``seed``) and attached; an existing one is attached.
         On failure: :class:`InvalidArgument` for bad ids or lowers; :class:`NotFound` if a lower
         is missing; :class:`Conflict` if the rootfs is mounted over, or the upper was created
         over, other lowers; :class:`aenv.core.errors.CommandError` if ``mount`` fails (a fresh
@@ -254,7 +256,9 @@ class RootfsStore:
         if self.workspaces is not None:
             # The upper is inside the sandbox's disk image: make it (fresh) and attach it.
             fresh = not self.workspaces.image_path(sandbox_id).exists()
-            if fresh:
+            if fresh and seed is not None:
+                await self.workspaces.create_from(sandbox_id, seed)
+            elif fresh:
                 await self.workspaces.create(sandbox_id, disk_mb or self.disk_mb)
             try:
                 await self.workspaces.attach(sandbox_id)

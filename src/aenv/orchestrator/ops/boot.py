@@ -66,7 +66,8 @@ async def boot_sandbox(
         lap("slot")
         if on_slot is not None:
             await on_slot(slot)
-        rootfs = await node.rootfs.assemble(sandbox_id, template.layers)
+        rootfs = await node.rootfs.assemble(sandbox_id, template.layers,
+                                            seed=template.disk_image)
         lap("rootfs")
         bundle = template.envd_bundle or node.envd_bundle
         spec = replace(sandbox_spec(sandbox_id, rootfs, bundle, template, cpu, memory),

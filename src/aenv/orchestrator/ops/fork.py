@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aenv.core.errors import (
@@ -65,7 +65,6 @@ async def fork(node: Node, sandbox_id: str, count: int, timeout_s: int | None
         raise NotFound(f"sandbox {sandbox_id} not found")
     if record.state != SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is {record.state.public}; fork a running one")
-    disk_mode.refuse(node, "fork")
     try:
         fits = await check_capacity(node, count)
     except ResourceExhausted as exc:
@@ -81,13 +80,18 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
     # start-up clean-up.
     staged = node.repository.stage(f"fork-{record.sandbox_id}-{new_sandbox_id()[:8]}")
     image_dir = staged.memory_dir
+    seed: Path | None = None
     try:
         try:
-            await checkpoint_running(node, record, image_dir)
+            if node.workspaces is not None:
+                seed = disk_mode.seed_path(node, staged.snapshot_id)
+                await disk_mode.checkpoint_with_disk(node, record, image_dir, seed)
+            else:
+                await checkpoint_running(node, record, image_dir)
         finally:
             await back_to_running(node, record)
         saved = time.monotonic()
-        template = _parent_template(node, record, image_dir)
+        template = replace(_parent_template(node, record, image_dir), disk_image=seed)
         params = CreateParams(
             template=template.template_id,
             timeout_s=timeout,
@@ -102,6 +106,8 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
         )
     finally:
         await node.repository.discard(staged)
+        if seed is not None:
+            seed.unlink(missing_ok=True)  # each child has its own clone of it
     results = [_result(o) for o in outcomes]
     limit = ResourceExhausted(
         f"this node runs its maximum of {node.settings.max_sandboxes} sandboxes"
