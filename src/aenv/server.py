@@ -193,6 +193,8 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         overlay2="none" if disk else "root:memory", tmp_in_memory=disk))
     catalog.host = await host_requirements(runtime)
     workspaces = await open_workspaces(settings) if disk else None
+    if workspaces is not None:
+        catalog.disk_dir = workspaces.pool.path / "snapshots"
     rootfs = RootfsStore(settings.home / "sandboxes", workspaces,
                          disk_mb=settings.disk_size_mb)
     template_store = TemplateStore(store.db)

@@ -1,17 +1,20 @@
-"""Disk workspaces (``workspace = "disk"``): the checkpoint that takes the disk along, and
-what such a node cannot do yet, in one place.
+"""Disk workspaces (``workspace = "disk"``): the checkpoint that takes the disk along, the
+disk's export into snapshots, and what such a node cannot do yet, in one place.
 
 With the written files in a disk image of the sandbox's own instead of in its memory, a memory
 image alone no longer holds a sandbox: it needs its disk as it was at the checkpoint instant.
 :func:`checkpoint_with_disk` freezes the sandbox, clones its disk image (a reflink: no data is
 copied) with the disk's filesystem frozen, checkpoints the frozen sandbox and thaws it; a fork's
-children start on clones of that clone. Snapshots, template memory images and pauses another
-node resumes need the disk image in the repository too (chunked by changed extents;
-docs/workspaces.md): until that is built they are refused with 501 rather than half-done.
+children start on clones of that clone. A snapshot commits that clone as chunk blobs
+(``storage/disk_chunks.py``), reading only chunks changed since the sandbox's previous
+snapshot. Template memory images, start commands and pauses another node resumes do not take
+the disk along yet: they are refused with 501 (or stay on this node) rather than half-done.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
 from aenv.core.errors import FailedPrecondition, Unimplemented
@@ -20,7 +23,12 @@ from aenv.orchestrator.disk_room import ensure_room
 from aenv.orchestrator.instance_codec import decode
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.runtime.base import MemoryImage
+from aenv.storage.disk_chunks import CHUNK_BYTES, export_disk
+from aenv.storage.manifest import DiskChunk, DiskImage
+from aenv.storage.reflink_fs import ficlone
 from aenv.store.models import SandboxRecord
+
+log = logging.getLogger("aenv.orchestrator.disk_mode")
 
 
 def on_disk(node: Node) -> bool:
@@ -67,3 +75,56 @@ async def checkpoint_with_disk(node: Node, record: SandboxRecord, dest: Path,
             raise
         finally:
             await node.runtime.thaw(instance)
+
+
+def disk_dir(node: Node) -> Path | None:
+    """Where this node keeps snapshots' disk images (on the pool), or None (memory mode)."""
+    return None if node.workspaces is None else node.workspaces.pool.path / "snapshots"
+
+
+def _pin(node: Node, sandbox_id: str) -> Path:
+    assert node.workspaces is not None
+    return node.workspaces.pool.path / "clones" / f"{sandbox_id}.last.img"
+
+
+def _index(node: Node, sandbox_id: str) -> Path:
+    return node.repository.cache.root.parent / "disks" / f"{sandbox_id}.json"
+
+
+async def export(node: Node, sandbox_id: str, clone: Path, snapshot_id: str) -> DiskImage:
+    """The snapshot's disk as chunk blobs (only chunks changed since this sandbox's previous
+    snapshot are read); ``clone`` is kept as that previous snapshot for the next one, and a
+    clone of it as the snapshot's disk on this node (creates here need not assemble it)."""
+    result = await asyncio.to_thread(
+        export_disk, clone, node.repository.cache, _index(node, sandbox_id),
+        _pin(node, sandbox_id))
+    local = disk_dir(node)
+    assert local is not None
+    local.mkdir(exist_ok=True)
+    await asyncio.to_thread(ficlone, clone, local / f"{snapshot_id}.img")
+    clone.replace(_pin(node, sandbox_id))
+    log.info("disk of %s for snapshot %s: %d chunks read, %d unchanged since its last snapshot",
+             sandbox_id, snapshot_id, result.read, result.reused)
+    return DiskImage(size=result.size, chunk_bytes=CHUNK_BYTES, chunks=[
+        DiskChunk(index=c.index, digest=c.digest, size=c.size) for c in result.chunks])
+
+
+def forget(node: Node, sandbox_id: str) -> None:
+    """Drop what the sandbox's snapshots kept for the next one (at its kill)."""
+    if node.workspaces is None:
+        return
+    _pin(node, sandbox_id).unlink(missing_ok=True)
+    _index(node, sandbox_id).unlink(missing_ok=True)
+
+
+def drop_stale_disks(node: Node) -> int:
+    """Remove local disk images of snapshots the repository no longer has; how many."""
+    local = disk_dir(node)
+    if local is None or not local.is_dir():
+        return 0
+    dropped = 0
+    for path in local.glob("*.img"):
+        if node.repository.get(path.stem) is None:
+            path.unlink(missing_ok=True)
+            dropped += 1
+    return dropped

@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from aenv.core.errors import AenvError
+from aenv.orchestrator import disk_mode
 from aenv.orchestrator.context import Node
 from aenv.storage.gc import CollectionPlan
 
@@ -22,6 +23,8 @@ async def collect(node: Node) -> CollectionPlan:
     """One pass now (waits for a pass in progress to finish first)."""
     async with _running:
         plan = await node.repository.collect_garbage(grace_s=node.settings.gc_grace_s)
+        if dropped := disk_mode.drop_stale_disks(node):
+            log.info("gc: removed %d local disk images of deleted snapshots", dropped)
         trimmed = node.repository.cache.trim()
         if trimmed:
             log.info("gc: dropped %d cached blobs over the cache's budget", len(trimmed))

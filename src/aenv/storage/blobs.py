@@ -120,10 +120,12 @@ class BlobCache:
         digest, size = await asyncio.to_thread(hash_file, path)
         final = self.path(digest)
         if not final.exists():
-            await asyncio.to_thread(self._place, path, final)
+            await asyncio.to_thread(self.place, path, final)
         return BlobRef(digest, size), final
 
-    def _place(self, source: Path, final: Path) -> None:
+    def place(self, source: Path, final: Path) -> None:
+        """Put the finished file ``source`` into the cache as ``final`` (fsynced, linked or
+        copied, read-only); ``source`` stays (blocking)."""
         self._partial.mkdir(parents=True, exist_ok=True)
         temporary = self._partial / secrets.token_hex(8)
         # Durable before it is named by digest: a memory image fresh from a checkpoint may

@@ -63,6 +63,20 @@ class MemoryFile(Blob):
     name: Literal["checkpoint.img", "pages_meta.img", "pages.img"]
 
 
+class DiskChunk(Blob):
+    #: Position in the image, in units of ``chunk_bytes``.
+    index: int = Field(ge=0)
+
+
+class DiskImage(_Frozen):
+    """A disk workspace's image (``storage/disk_chunks.py``): its data chunks; holes are
+    absent."""
+
+    size: int = Field(ge=0)
+    chunk_bytes: int = Field(gt=0)
+    chunks: list[DiskChunk]
+
+
 class SnapshotDraft(_Frozen):
     """A manifest without its blobs: what the orchestrator knows before the commit."""
 
@@ -106,6 +120,8 @@ class SnapshotManifest(SnapshotDraft):
     memory: list[MemoryFile] = Field(default_factory=list)
     #: The envd bundle the memory image was made with (it must match byte for byte on resume).
     envd_bundle: Blob
+    #: Disk workspaces: the sandbox's disk at the checkpoint instant (None: files in memory).
+    disk: DiskImage | None = None
 
     @property
     def memory_size_bytes(self) -> int:
@@ -116,4 +132,6 @@ class SnapshotManifest(SnapshotDraft):
         found = {layer.digest for layer in self.layers}
         found.update(f.digest for f in self.memory)
         found.add(self.envd_bundle.digest)
+        if self.disk is not None:
+            found.update(c.digest for c in self.disk.chunks)
         return found

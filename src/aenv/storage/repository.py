@@ -43,12 +43,14 @@ from aenv.core.faults import fault
 from aenv.storage.artifacts import Artifacts
 from aenv.storage.blobs import BlobCache, BlobRef, blob_key
 from aenv.storage.commit_gate import CommitGate
+from aenv.storage.disk_chunks import assemble_disk
 from aenv.storage.files import fsync_dirs, listdir, rmtree
 from aenv.storage.gc import DEFAULT_GRACE_S, CollectionPlan, plan_collection
 from aenv.storage.manifest import (
     IMAGE_FILES,
     MANIFEST_FORMAT,
     Blob,
+    DiskImage,
     MemoryFile,
     SnapshotDraft,
     SnapshotManifest,
@@ -104,6 +106,8 @@ class Materialized:
     #: Layer directories, lowest first.
     layers: tuple[Path, ...]
     envd_bundle: Path
+    #: Disk workspaces: the snapshot's disk image on this node's pool (None: files in memory).
+    disk: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +230,7 @@ class SnapshotRepository:
         envd_bundle: Path,
         memory: bool = True,
         memory_dir: Path | None = None,
+        disk: DiskImage | None = None,
     ) -> Snapshot:
         """Publish the staged snapshot under its id: blobs first, the manifest last.
 
@@ -253,7 +258,7 @@ class SnapshotRepository:
         try:
             async with self._gate.commit():
                 snapshot = await self._publish(staged, draft, layers, envd_bundle,
-                                               memory, memory_dir)
+                                               memory, memory_dir, disk)
         finally:
             self._committing.discard(snapshot_id)
         if snapshot.manifest.memory:
@@ -263,17 +268,19 @@ class SnapshotRepository:
         return snapshot
 
     async def _publish(self, staged: Staged, draft: SnapshotDraft, layers: Sequence[Path],
-                       envd_bundle: Path, memory: bool, memory_dir: Path | None) -> Snapshot:
+                       envd_bundle: Path, memory: bool, memory_dir: Path | None,
+                       disk: DiskImage | None) -> Snapshot:
         snapshot_id = staged.snapshot_id
         files = (await self._adopt_image(snapshot_id, memory_dir or staged.memory_dir)
                  if memory else [])
         layer_blobs = [await self.artifacts.layer_blob(path) for path in layers]
         bundle = await self.artifacts.bundle_blob(envd_bundle)
         manifest = SnapshotManifest(
-            **draft.model_dump(), layers=layer_blobs, memory=files, envd_bundle=bundle)
+            **draft.model_dump(), layers=layer_blobs, memory=files, envd_bundle=bundle,
+            disk=disk)
         sources: list[tuple[Blob, Path | None]] = [
             *zip(layer_blobs, layers, strict=True), (bundle, envd_bundle),
-            *((f, None) for f in files)]
+            *((f, None) for f in files), *((c, None) for c in (disk.chunks if disk else []))]
         # A few puts at once: on S3 each request has a round trip of its own.
         limit = asyncio.Semaphore(PUT_CONCURRENCY)
 
@@ -458,7 +465,8 @@ class SnapshotRepository:
 
     # -- making a snapshot usable here --------------------------------------------------------
 
-    async def materialize(self, snapshot: Snapshot, own_bundle: Path) -> Materialized:
+    async def materialize(self, snapshot: Snapshot, own_bundle: Path,
+                          disk_dir: Path | None = None) -> Materialized:
         """Everything a restore of ``snapshot`` needs, on this node's disk.
 
         Fetches what is missing (memory-image files into the blob cache, layers into the layer
@@ -470,8 +478,9 @@ class SnapshotRepository:
         layers = tuple([await self.artifacts.ensure_layer(self.store, ref)
                         for ref in manifest.layers])
         bundle = await self.artifacts.ensure_bundle(self.store, manifest.envd_bundle, own_bundle)
+        disk = await self._disk(snapshot, disk_dir) if manifest.disk is not None else None
         if not manifest.memory:
-            return Materialized(None, layers, bundle)
+            return Materialized(None, layers, bundle, disk)
         lock = self._materializing.setdefault(snapshot.snapshot_id, asyncio.Lock())
         async with lock:
             image = self.images / snapshot.snapshot_id
@@ -479,7 +488,28 @@ class SnapshotRepository:
                 for ref in manifest.memory:
                     await self.cache.fetch(self.store, BlobRef(ref.digest, ref.size))
                 await asyncio.to_thread(self._link_image, manifest)
-        return Materialized(image, layers, bundle)
+        return Materialized(image, layers, bundle, disk)
+
+    async def _disk(self, snapshot: Snapshot, disk_dir: Path | None) -> Path:
+        """The snapshot's disk image as a file in ``disk_dir`` (on the workspace pool),
+        assembled from its chunks unless this node already has it."""
+        disk = snapshot.manifest.disk
+        assert disk is not None
+        if disk_dir is None:
+            raise FailedPrecondition(
+                f"snapshot {snapshot.snapshot_id} holds a disk workspace; this node keeps "
+                "written files in memory (workspace=memory)")
+        final = disk_dir / f"{snapshot.snapshot_id}.img"
+        if final.is_file():
+            return final
+        async with self._materializing.setdefault(f"disk-{snapshot.snapshot_id}",
+                                                  asyncio.Lock()):
+            if not final.is_file():
+                parts = [(c.index, await self.cache.fetch(self.store, BlobRef(c.digest, c.size)))
+                         for c in disk.chunks]
+                disk_dir.mkdir(parents=True, exist_ok=True)
+                await asyncio.to_thread(assemble_disk, final, disk.size, parts)
+        return final
 
     def _link_image(self, manifest: SnapshotManifest) -> None:
         """``<images>/<id>/`` as hard links of the cached memory-image blobs (blocking)."""

@@ -34,6 +34,8 @@ class TemplateCatalog:
         self.own_bundle: Path | None = None
         #: What this node's runtime offers a memory image (``restore_match``).
         self.host: dict[str, str] = {}
+        #: Disk workspaces: where snapshots' disk images are kept (None: files in memory).
+        self.disk_dir: Path | None = None
 
     async def prepare(self, on_progress: ProgressCallback | None = None) -> None:
         """Build (or find) the base template's layer; a no-op when it is already built."""
@@ -96,7 +98,7 @@ class TemplateCatalog:
         if m.memory:
             restore_match.check(m.snapshot_id, m.requirements, self.host)
         assert self.own_bundle is not None, "the catalog is used before the node set its bundle"
-        local = await self._repository.materialize(snapshot, self.own_bundle)
+        local = await self._repository.materialize(snapshot, self.own_bundle, self.disk_dir)
         return Template(
             template_id=m.snapshot_id,
             alias=m.names[0] if m.names else None,
@@ -111,4 +113,5 @@ class TemplateCatalog:
             env_vars=dict(m.env_vars),
             metadata=dict(m.metadata),
             snapshot_id=m.snapshot_id,
+            disk_image=local.disk,
         )

@@ -14,7 +14,7 @@ import logging
 
 from aenv.core.errors import AenvError, Conflict, NotFound
 from aenv.core.states import SandboxState
-from aenv.orchestrator import paused_repo
+from aenv.orchestrator import disk_mode, paused_repo
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops.settle import TRANSITIONAL, settled
 from aenv.orchestrator.ops.teardown import teardown
@@ -46,6 +46,7 @@ async def kill(node: Node, sandbox_id: str) -> None:
 
 async def _finish(node: Node, record: SandboxRecord) -> None:
     await teardown(node, record)
+    disk_mode.forget(node, record.sandbox_id)
     if paused_repo.published(record):
         try:
             await paused_repo.unpublish(node, record.sandbox_id)

@@ -41,7 +41,6 @@ async def create_snapshot(node: Node, sandbox_id: str, name: str | None) -> Snap
     record = await node.store.require(sandbox_id)
     if record.state != SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is {record.state.public}; snapshot a running one")
-    disk_mode.refuse(node, "a snapshot")
     record = await node.store.update(record, state=SandboxState.SNAPSHOTTING)
     return await asyncio.shield(_snapshot(node, record, name))
 
@@ -49,20 +48,28 @@ async def create_snapshot(node: Node, sandbox_id: str, name: str | None) -> Snap
 async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snapshot:
     started = time.monotonic()
     staged = node.repository.stage(new_snapshot_id())
+    clone = disk_mode.seed_path(node, staged.path.name) if node.workspaces else None
     try:
         try:
-            await checkpoint_running(node, record, staged.memory_dir)
+            if clone is not None:
+                await disk_mode.checkpoint_with_disk(node, record, staged.memory_dir, clone)
+            else:
+                await checkpoint_running(node, record, staged.memory_dir)
         finally:
             # The image is on the node's disk: the source runs on while it is committed.
             await back_to_running(node, record)
         saved = time.monotonic()
         fault("snapshot.checkpointed")
+        disk = (await disk_mode.export(node, record.sandbox_id, clone, staged.snapshot_id)
+                if clone is not None else None)
         snapshot = await node.repository.commit(
             staged, draft_of(node, record, staged.snapshot_id, name),
             layers=node.rootfs.recorded_lowers(record.sandbox_id) or [],
-            envd_bundle=envd_bundle_of(record.instance, node.envd_bundle))
+            envd_bundle=envd_bundle_of(record.instance, node.envd_bundle), disk=disk)
     except BaseException:
         await node.repository.discard(staged)
+        if clone is not None:
+            clone.unlink(missing_ok=True)
         raise
     log.info("snapshot %s of %s in %.0f ms (save %.0f ms, commit %.0f ms, %.1f MB)",
              snapshot.snapshot_id, record.sandbox_id, (time.monotonic() - started) * 1000,
