@@ -158,8 +158,8 @@ class Settings(BaseSettings):
     """Where a sandbox's written files live. ``memory``: inside the sandbox's memory (part of
     every memory image; bounded by its memory limit). ``disk``: in a disk image of its own of
     ``disk_size_mb`` (writes past it fail with ENOSPC), on a reflink-capable pool under
-    ``<home>/workspaces``; ``/tmp`` stays in memory. Disk workspaces do not yet support
-    snapshots or resuming on another node (docs/workspaces.md)."""
+    ``<home>/workspaces``; ``/tmp`` stays in memory. A sandbox paused with a disk
+    workspace is not yet resumable on another node (docs/workspaces.md)."""
 
     workspace_pool_bytes: int = Field(default=0, ge=0)
     """Size of the workspace pool image made when ``<home>/workspaces`` cannot reflink
