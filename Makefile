@@ -34,6 +34,7 @@ bench: deps bundle
 	$(BIN)/python -m bench.lifecycle_bench
 	$(BIN)/python -m bench.images_bench
 	$(BIN)/python -m bench.repository_bench
+	$(BIN)/python -m bench.workspace_bench
 
 lint: deps
 	$(BIN)/ruff check src tests bench

@@ -194,3 +194,43 @@ def test_with_the_repository_down_a_snapshot_fails_clearly_and_a_pause_stays_loc
 
 def _entries(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+
+
+def test_a_disk_workspace_paused_on_one_node_resumes_on_another() -> None:
+    nonce = secrets.token_hex(4)
+    with run_s3_server() as s3:
+        settings = {**s3_settings(s3, f"disk-{nonce}"), "workspace": "disk",
+                    "disk_size_mb": "1024", "workspace_pool_bytes": str(8 << 30),
+                    "warm_pool_size": "0"}
+        node_a = start_server(free_port(), **settings)
+        try:
+            with sdk_env(node_a):
+                sbx = Sandbox.create(timeout=600)
+                sbx.commands.run("head -c 50000000 /dev/urandom > ~/data && md5sum ~/data "
+                                 "> ~/data.md5")
+                sbx.commands.run(
+                    "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; "
+                    "sleep 0.1; done' >/dev/null 2>&1 &")
+                time.sleep(1.0)
+                before = int(sbx.files.read("/tmp/count").strip())
+                sbx.pause()
+                paused_id = sbx.sandbox_id
+            wait_for("the pause to reach the repository",
+                     lambda: '"published": true' in _instance(node_a, paused_id))
+        finally:
+            node_a.kill9()
+            kill_leaked(node_a.home)
+            scrub(node_a)
+        node_b = start_server(free_port(), **settings)
+        try:
+            with sdk_env(node_b):
+                resumed = Sandbox.connect(paused_id, timeout=120)
+                assert resumed.commands.run("md5sum -c ~/data.md5").exit_code == 0
+                first = int(resumed.files.read("/tmp/count").strip())
+                time.sleep(0.5)
+                assert int(resumed.files.read("/tmp/count").strip()) > first >= before
+                resumed.kill()
+        finally:
+            node_b.stop()
+            kill_leaked(node_b.home)
+            cleanup_home(node_b.home)

@@ -28,7 +28,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from aenv.core.errors import AenvError, FailedPrecondition, NotFound
+from aenv.core.errors import AenvError, Conflict, FailedPrecondition, NotFound
 from aenv.core.states import SandboxState
 from aenv.orchestrator import disk_mode, restore_match
 from aenv.orchestrator.context import Node
@@ -75,21 +75,34 @@ async def publish(node: Node, record: SandboxRecord) -> SandboxRecord:
         envd_token=record.envd_token, sandbox=fields_,
     )
     staged = node.repository.stage(snapshot_id)
+    clone = disk_mode.seed_path(node, staged.path.name) if node.workspaces else None
     try:
+        disk = None
+        if clone is not None and node.workspaces is not None:
+            # Disk workspaces: the disk travels too (nothing runs: the clone is the pause).
+            await node.rootfs.ensure_mounted(sid)
+            await node.workspaces.clone_frozen(sid, clone)
+            disk = await disk_mode.export(node, sid, clone, snapshot_id)
         await node.repository.commit(
             staged, draft, layers=node.rootfs.recorded_lowers(sid) or [],
-            envd_bundle=envd_bundle_of(record.instance, node.envd_bundle), memory_dir=image)
+            envd_bundle=envd_bundle_of(record.instance, node.envd_bundle), memory_dir=image,
+            disk=disk)
     except BaseException:
         await asyncio.shield(node.repository.discard(staged))
+        if clone is not None:
+            clone.unlink(missing_ok=True)
         raise
-    return await node.store.update(
-        record, instance={**(record.instance or {}), "published": True})
+    try:
+        return await node.store.update(
+            record, instance={**(record.instance or {}), "published": True})
+    except Conflict:
+        # Resumed (or killed) while it was being published: the manifest is stale already.
+        await node.repository.delete(snapshot_id)
+        raise
 
 
 async def publish_or_keep(node: Node, record: SandboxRecord) -> SandboxRecord:
     """:func:`publish`, or the record unchanged (logged) if the repository fails."""
-    if disk_mode.on_disk(node):
-        return record  # its files are in a disk image the repository cannot take yet
     try:
         return await publish(node, record)
     except AenvError as exc:
@@ -141,12 +154,13 @@ async def adopt(node: Node, sandbox_id: str) -> SandboxRecord | None:
         return None
     restore_match.check(snapshot.snapshot_id, snapshot.manifest.requirements,
                         node.host_requirements)
-    local = await node.repository.materialize(snapshot, node.envd_bundle)
+    local = await node.repository.materialize(snapshot, node.envd_bundle,
+                                              disk_mode.disk_dir(node))
     if local.image is None:
         raise FailedPrecondition(f"paused sandbox {sandbox_id} has no memory image")
     image = node.paused_dir / sandbox_id
     await asyncio.to_thread(_copy_links, local.image, image)
-    await node.rootfs.assemble(sandbox_id, local.layers)
+    await node.rootfs.assemble(sandbox_id, local.layers, seed=local.disk)
     record = _record(snapshot, image, local.envd_bundle)
     if await node.store.get(sandbox_id) is None:
         await node.store.insert(record)
