@@ -84,20 +84,12 @@ def test_template_snapshot_and_paused_sandbox_move_to_another_node() -> None:
                     f"moved-{nonce}")
                 sbx = Sandbox.create(timeout=600)
                 sbx.files.write("/home/user/kept.txt", f"files-{nonce}")
-                sbx.commands.run(
-                    "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; "
-                    "sleep 0.1; done' >/dev/null 2>&1 &")
-                time.sleep(1.0)
+                start_counter(sbx)
                 snapshot = sbx.create_snapshot(name=f"snap-{nonce}")
                 before = int(sbx.files.read("/tmp/count").strip())
-                sbx.pause()
-                paused_id = sbx.sandbox_id
-            wait_for("the pause to reach the repository",
-                     lambda: '"published": true' in _instance(node_a, paused_id))
+                paused_id = pause_until_published(node_a, sbx)
         finally:
-            node_a.kill9()
-            kill_leaked(node_a.home)
-            scrub(node_a)
+            crash_and_scrub(node_a)
         assert not node_a.home.exists()
         # B must fetch the build's own layer from the repository, not find it in the cache.
         built_layer = _top_layer(s3, f"shared-{nonce}", f"moved-{nonce}")
@@ -123,6 +115,28 @@ def test_template_snapshot_and_paused_sandbox_move_to_another_node() -> None:
             node_b.stop()
             kill_leaked(node_b.home)
             cleanup_home(node_b.home)
+
+
+def start_counter(sbx: Sandbox) -> None:
+    """A process that counts into /tmp/count every 0.1 s (its state must survive a move)."""
+    sbx.commands.run("nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; "
+                     "sleep 0.1; done' >/dev/null 2>&1 &")
+    time.sleep(1.0)
+
+
+def pause_until_published(node: NodeServer, sbx: Sandbox) -> str:
+    """Pause ``sbx`` and wait until its spill has published it to the repository."""
+    sbx.pause()
+    wait_for("the pause to reach the repository",
+             lambda: '"published": true' in _instance(node, sbx.sandbox_id))
+    return sbx.sandbox_id
+
+
+def crash_and_scrub(node: NodeServer) -> None:
+    """kill -9 the node, its sandboxes with it, and delete everything it left here."""
+    node.kill9()
+    kill_leaked(node.home)
+    scrub(node)
 
 
 def scrub(node: NodeServer) -> None:
@@ -208,19 +222,11 @@ def test_a_disk_workspace_paused_on_one_node_resumes_on_another() -> None:
                 sbx = Sandbox.create(timeout=600)
                 sbx.commands.run("head -c 50000000 /dev/urandom > ~/data && md5sum ~/data "
                                  "> ~/data.md5")
-                sbx.commands.run(
-                    "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; "
-                    "sleep 0.1; done' >/dev/null 2>&1 &")
-                time.sleep(1.0)
+                start_counter(sbx)
                 before = int(sbx.files.read("/tmp/count").strip())
-                sbx.pause()
-                paused_id = sbx.sandbox_id
-            wait_for("the pause to reach the repository",
-                     lambda: '"published": true' in _instance(node_a, paused_id))
+                paused_id = pause_until_published(node_a, sbx)
         finally:
-            node_a.kill9()
-            kill_leaked(node_a.home)
-            scrub(node_a)
+            crash_and_scrub(node_a)
         node_b = start_server(free_port(), **settings)
         try:
             with sdk_env(node_b):

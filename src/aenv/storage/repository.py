@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import datetime
 import logging
-import os
 import secrets
 import time
 from collections.abc import Sequence
@@ -43,8 +41,7 @@ from aenv.core.faults import fault
 from aenv.storage.artifacts import Artifacts
 from aenv.storage.blobs import BlobCache, BlobRef, blob_key
 from aenv.storage.commit_gate import CommitGate
-from aenv.storage.disk_chunks import assemble_disk
-from aenv.storage.files import fsync_dirs, listdir, rmtree
+from aenv.storage.files import listdir, rmtree
 from aenv.storage.gc import DEFAULT_GRACE_S, CollectionPlan, plan_collection
 from aenv.storage.manifest import (
     IMAGE_FILES,
@@ -57,6 +54,7 @@ from aenv.storage.manifest import (
     check_snapshot_id,
     is_snapshot_id,
 )
+from aenv.storage.materialize import LocalCopies, Materialized
 from aenv.storage.objects import ObjectStore
 
 __all__ = [
@@ -100,19 +98,6 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class Materialized:
-    """What a node needs locally to start a sandbox from a snapshot."""
-
-    #: The runsc memory image directory; ``None`` for a filesystem-only snapshot.
-    image: Path | None
-    #: Layer directories, lowest first.
-    layers: tuple[Path, ...]
-    envd_bundle: Path
-    #: Disk workspaces: the snapshot's disk image on this node's pool (None: files in memory).
-    disk: Path | None = None
-
-
-@dataclass(frozen=True)
 class Staged:
     """A snapshot being written: a private directory in staging, invisible until committed."""
 
@@ -141,7 +126,7 @@ class SnapshotRepository:
         self._index: dict[str, Snapshot] = {}
         self._refreshed = 0.0
         self._committing: set[str] = set()
-        self._materializing: dict[str, asyncio.Lock] = {}
+        self._local = LocalCopies(store, artifacts, self.images)
         self._gate = CommitGate()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -264,7 +249,7 @@ class SnapshotRepository:
         finally:
             self._committing.discard(snapshot_id)
         if snapshot.manifest.memory:
-            await asyncio.to_thread(self._link_image, snapshot.manifest)
+            await asyncio.to_thread(self._local.link_image, snapshot.manifest)
         await self.discard(staged)
         log.info("committed snapshot %s to %s", snapshot_id, self.store.describe())
         return snapshot
@@ -480,68 +465,6 @@ class SnapshotRepository:
 
     async def materialize(self, snapshot: Snapshot, own_bundle: Path,
                           disk_dir: Path | None = None) -> Materialized:
-        """Everything a restore of ``snapshot`` needs, on this node's disk.
-
-        Fetches what is missing (memory-image files into the blob cache, layers into the layer
-        store, the envd bundle if it is not this node's), each checked against its digest.
-        On failure: :class:`NotFound` if a blob is gone from the store; :class:`DataLoss` for a
-        corrupt one; :class:`Unavailable` when the store is unreachable.
-        """
-        manifest = snapshot.manifest
-        layers = tuple([await self.artifacts.ensure_layer(self.store, ref)
-                        for ref in manifest.layers])
-        bundle = await self.artifacts.ensure_bundle(self.store, manifest.envd_bundle, own_bundle)
-        disk = await self._disk(snapshot, disk_dir) if manifest.disk is not None else None
-        if not manifest.memory:
-            return Materialized(None, layers, bundle, disk)
-        lock = self._materializing.setdefault(snapshot.snapshot_id, asyncio.Lock())
-        async with lock:
-            image = self.images / snapshot.snapshot_id
-            if not _image_complete(image):
-                for ref in manifest.memory:
-                    await self.cache.fetch(self.store, BlobRef(ref.digest, ref.size))
-                await asyncio.to_thread(self._link_image, manifest)
-        return Materialized(image, layers, bundle, disk)
-
-    async def _disk(self, snapshot: Snapshot, disk_dir: Path | None) -> Path:
-        """The snapshot's disk image as a file in ``disk_dir`` (on the workspace pool),
-        assembled from its chunks unless this node already has it."""
-        disk = snapshot.manifest.disk
-        assert disk is not None
-        if disk_dir is None:
-            raise FailedPrecondition(
-                f"snapshot {snapshot.snapshot_id} holds a disk workspace; this node keeps "
-                "written files in memory (workspace=memory)")
-        final = disk_dir / f"{snapshot.snapshot_id}.img"
-        if final.is_file():
-            return final
-        async with self._materializing.setdefault(f"disk-{snapshot.snapshot_id}",
-                                                  asyncio.Lock()):
-            if not final.is_file():
-                parts = [(c.index, await self.cache.fetch(self.store, BlobRef(c.digest, c.size)))
-                         for c in disk.chunks]
-                disk_dir.mkdir(parents=True, exist_ok=True)
-                await asyncio.to_thread(assemble_disk, final, disk.size, parts)
-        return final
-
-    def _link_image(self, manifest: SnapshotManifest) -> None:
-        """``<images>/<id>/`` as hard links of the cached memory-image blobs (blocking)."""
-        final = self.images / manifest.snapshot_id
-        if _image_complete(final):
-            return
-        building = self.images / f".{manifest.snapshot_id}.{secrets.token_hex(4)}"
-        building.mkdir(0o700, parents=True)
-        try:
-            for ref in manifest.memory:
-                os.link(self.cache.path(ref.digest), building / ref.name)
-            with contextlib.suppress(FileNotFoundError):
-                rmtree(final)
-            building.rename(final)
-            fsync_dirs(self.images)
-        except BaseException:
-            rmtree(building)
-            raise
-
-
-def _image_complete(image: Path) -> bool:
-    return all((image / name).is_file() for name in IMAGE_FILES)
+        """Everything a restore of ``snapshot`` needs, on this node's disk
+        (``storage/materialize.py``)."""
+        return await self._local.materialize(snapshot.manifest, own_bundle, disk_dir)
