@@ -251,16 +251,6 @@ class BlobCache:
             os.utime(path, (now, os.stat(path).st_mtime))
 
 
-async def push(store: ObjectStore, cache: BlobCache, ref: BlobRef) -> bool:
-    """Put blob ``ref`` (in ``cache``) into ``store`` unless it is there; True if it was put."""
-    key = blob_key(ref.digest)
-    existing = await store.head(key)
-    if existing is not None and existing.size == ref.size:
-        return False
-    await store.put_file(key, cache.path(ref.digest))
-    return True
-
-
 async def _stream_to(store: ObjectStore, ref: BlobRef, temporary: Path) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
