@@ -119,6 +119,36 @@ async def test_sweep_removes_unknown_slots_of_its_range_only() -> None:
     assert ours() == set()
 
 
+async def test_sweep_and_refill_at_start_keep_every_ready_slot_whole() -> None:
+    """Start-up of a node whose range has leftovers with nft entries but no netns (a killed
+    node whose netns were deleted by hand): the refill runs while sweep removes them, and
+    no slot it made may lose its netns to the sweep."""
+    first = TEST_FIRST + 600
+    config = pool_config(first_index=first, last_index=first + 99, low=2, high=4)
+    leftovers = list(range(first, first + 12))
+    for index in leftovers:
+        entry = nft.SlotEntry(index, slots.host_ifname(index),
+                              slots.return_address(index, config.return_net))
+        await nft.apply(nft.add_slot_script(entry, EgressPolicy()))
+    pool = SlotPool(config)
+    await pool.start()
+    try:
+        swept = await pool.sweep()
+        await _until(lambda: pool.ready_count == 4)
+        taken = [await pool.acquire() for _ in range(4)]
+        broken = [s.index for s in taken if not slots.whole(s.index)]
+        assert broken == [], f"ready slots without their netns or veth: {broken}"
+        assert set(swept) == set(leftovers)
+        table = await nft.read_table()
+        assert table is not None
+        assert {i for i in leftovers if i in table.slots or i in table.chains} == set()
+    finally:
+        for slot in pool.leased():
+            await pool.release(slot)
+        await pool.close()
+    assert ours() == set()
+
+
 async def test_adopt_after_a_restart_keeps_the_slot_and_its_policy() -> None:
     first = SlotPool(pool_config())
     await first.start()

@@ -92,8 +92,9 @@ def _slot_range() -> dict[str, str]:
     """A network slot range of its own for each test server: two servers sharing slots would
     sweep each other's network namespaces at start."""
     global _servers_started
-    # 40 ranges of 100 slots per test session (a session starts ~15 servers; ranges must never
-    # wrap onto a server that still runs: its start-up sweep would delete that one's netns).
+    # 40 ranges of 100 slots per test session, reused in turn (a session starts more servers
+    # than that). A server on a range still in use is refused by the slot lock, so wrapping onto
+    # a live one fails loudly; what a killed one left in its range the next one's sweep takes.
     # AENV_TEST_SLOT_BASE: a block of 4,000 slots of one's own (parallel test sessions).
     base = int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 5) * 4_000))
     first = base + (_servers_started % 40) * 100

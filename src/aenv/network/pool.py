@@ -97,7 +97,9 @@ class SlotPool:
         """
         slots.ensure_forwarding()
         self._table_fresh = await nft.ensure_table(self._ruleset)
-        self._blocked |= {i for i in slots.existing() if self._in_range(i)}
+        # Leftovers are blocked before the refill starts, table-only ones (a netns deleted by
+        # hand, its nft entries kept) included: a refill that took one would lose it to sweep.
+        self._blocked |= {i for i in await self._found() if self._in_range(i)}
         if self._refill_task is None:
             self._refill_task = asyncio.create_task(self._refill_loop(), name="aenv-slot-refill")
         self._wake.set()
@@ -202,12 +204,12 @@ class SlotPool:
         On success: returns the indices removed (netns, veth, nft entries).
         On failure: raises ``Internal`` after trying every index; the rest stay for next time.
         """
+        found = await self._found()
+        # No await from here to the loop: a slot the refill made meanwhile is in keep, and
+        # blocking every stale index first keeps the refill off those the loop has not reached.
         keep = {s.index for s in self._ready} | set(self._leased) | self._creating
-        found = slots.existing()
-        table = await nft.read_table()
-        if table is not None:
-            found |= set(table.slots) | table.chains
         stale = sorted(i for i in found | self._blocked if self._in_range(i) and i not in keep)
+        self._blocked |= set(stale)
         failed: list[str] = []
         for index in stale:
             try:
@@ -234,6 +236,14 @@ class SlotPool:
         return slots.return_address(slot.index, self.config.return_net)
 
     # ---------------------------------------------------------------- internals
+
+    async def _found(self) -> set[int]:
+        """Indices with any part on the machine: a netns, a host veth or nft entries."""
+        found = slots.existing()
+        table = await nft.read_table()
+        if table is not None:
+            found |= set(table.slots) | table.chains
+        return found
 
     def _in_range(self, index: int) -> bool:
         return self.config.first_index <= index <= self.config.last_index
