@@ -247,10 +247,9 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
             tasks.append(asyncio.create_task(run_gc_loop(node), name="gc"))
         deaths.start()
         base = await catalog.resolve(settings.default_template)
-        if settings.workspace == "memory":
-            with console.status("preparing the base template's memory image"):
-                base = await with_memory_image(node, base)
-            catalog.use_image(base)
+        with console.status("preparing the base template's memory image"):
+            base = await with_memory_image(node, base)
+        catalog.use_image(base)
         warm = WarmPool(node, base, settings.warm_pool_size, settings.warm_pool_low)
         node.warm = warm
         warm.start()

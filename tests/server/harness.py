@@ -105,7 +105,10 @@ def _slot_range() -> dict[str, str]:
 def start_server(port: int, home: Path | None = None, **settings: str) -> NodeServer:
     """Start a server; restarting on an existing ``home`` must pass the same slot range."""
     home = home or Path(tempfile.mkdtemp(prefix="aenv-home-"))
-    settings = {**_slot_range(), **settings}
+    # AENV_TEST_WORKSPACE=memory|disk: the workspace mode of every server a test does not
+    # give one (the suite runs in both).
+    mode = os.environ.get("AENV_TEST_WORKSPACE")
+    settings = {**_slot_range(), **({"workspace": mode} if mode else {}), **settings}
     CACHE.mkdir(parents=True, exist_ok=True)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))},

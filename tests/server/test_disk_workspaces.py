@@ -9,7 +9,10 @@
   its blocks), and the children's and the parent's writes stay apart;
 - a snapshot of it reads only the chunks changed since the previous one (10 MiB of 4 GiB),
   and a sandbox created from it has the files;
-- a kill leaves no disk image, loop device or mount behind.
+- a kill leaves no disk image, loop device or mount behind;
+- sandboxes of the base template and of a template built with a start and a ready command are
+  restored from the template's memory image onto clones of its disk: the start command runs
+  on, the build's files are there, each sandbox's writes stay its own.
 
 Run with ``AENV_TEST_SLOT_BASE`` set to a slot range of one's own when other servers run.
 """
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, Template
 
 from tests.server.harness import API_KEY, NodeServer, serving
 
@@ -173,3 +176,41 @@ def test_a_kill_leaves_no_disk_image_behind(disk_node: NodeServer) -> None:
     assert f"workspaces-mnt/{sbx.sandbox_id}" not in mounts
     # Only the pool's own loop device (if it is an image) is left.
     assert len(_loop_devices_of(disk_node)) <= 1
+
+
+def _create_phases(node: NodeServer, sandbox_id: str) -> str:
+    found = re.search(rf"created {sandbox_id} \(\w+\) in \d+ ms: (.*)", node.log())
+    assert found, node.log()[-2000:]
+    return found[1]
+
+
+def test_templates_restore_onto_clones_of_their_disk(disk_node: NodeServer) -> None:
+    base = Sandbox.create(timeout=300)
+    assert "restore" in _create_phases(disk_node, base.sandbox_id)
+    base.kill()
+
+    name = f"disk-start-{time.time_ns()}"
+    template = (
+        Template().from_template("base")
+        .run_cmd("echo built > ~/built.txt")
+        .set_start_cmd("while true; do date +%s%N > /tmp/a.new; mv /tmp/a.new ~/alive; "
+                       "sleep 0.5; done", "test -s ~/alive")
+    )
+    logs: list[str] = []
+    Template.build(template, name, on_build_logs=lambda e: logs.append(e.message))
+    assert any("memory image taken" in line and "with its disk" in line for line in logs), logs
+    first, second = Sandbox.create(name, timeout=300), Sandbox.create(name, timeout=300)
+    try:
+        for sbx in (first, second):
+            assert "restore" in _create_phases(disk_node, sbx.sandbox_id)
+            assert sbx.files.read("/home/user/built.txt") == "built\n"
+            # The start command was running when the image was taken: it still runs.
+            before = sbx.files.read("/home/user/alive")
+            time.sleep(1.2)
+            assert sbx.files.read("/home/user/alive") != before
+            assert (disk_node.home / "workspaces" / f"{sbx.sandbox_id}.img").exists()
+        first.files.write("/home/user/mine.txt", "first")
+        assert not second.files.exists("/home/user/mine.txt")
+    finally:
+        first.kill()
+        second.kill()

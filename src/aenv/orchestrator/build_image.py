@@ -1,9 +1,10 @@
 """A build's last step: the template's memory image, taken once its ready command succeeds.
 
-A sandbox of the final stage is started (a normal one: root writes in sandbox memory), the
-start command launched in the background, the ready command polled until it exits 0, the first
-command's cold shell start paid, then the sandbox is checkpointed and committed to the
-repository as a ``template`` snapshot. A rebuild that changes nothing finds the image it made
+A sandbox of the final stage is started (a normal one: written files in sandbox memory, or on
+its disk workspace), the start command launched in the background, the ready command polled
+until it exits 0, the first command's cold shell start paid, then the sandbox is checkpointed
+(its disk of the same instant with it) and committed to the repository as a ``template``
+snapshot. A rebuild that changes nothing finds the image it made
 before (``IMAGE_KEY``) and reuses it. The sandbox is torn down after the answer.
 """
 
@@ -31,7 +32,7 @@ from aenv.orchestrator.deps import Template
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.envd_process import EnvdProcesses
 from aenv.orchestrator.ops.boot import boot_sandbox, discard
-from aenv.orchestrator.ops.quiesce import quiesced
+from aenv.orchestrator.template_image import capture
 from aenv.storage.image_files import lookup_user
 from aenv.storage.repository import Snapshot, SnapshotDraft
 from aenv.storage.view import merged_view
@@ -71,7 +72,8 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
     )
     key = chain_key(state.chain, "IMAGE", plan.start_cmd, plan.ready_cmd, spec.cpu_count,
                  spec.memory_mb, node.envd_bundle.name, user, state.workdir,
-                 restore_match.requirements_key(node.host_requirements))
+                 restore_match.requirements_key(node.host_requirements),
+                 *disk_mode.image_key(node))
     if not plan.force:
         for existing in node.repository.list(kind="template"):
             m = existing.manifest
@@ -79,12 +81,9 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
                 log_.info("CACHED memory image (nothing changed)", FINALIZE_STEP)
                 return existing
     snapshot_id = f"tpl-{spec.template_id}-{spec.build_id}"[:64]
-    if disk_mode.on_disk(node):
-        return await _files_only(node, state, plan, spec, snapshot_id, user, key, log_)
     log_.info(f"starting the template sandbox (user {user}, "
               f"workdir {state.workdir or 'home'})", FINALIZE_STEP)
     booted = await boot_sandbox(node, new_sandbox_id(), template)
-    staged = node.repository.stage(snapshot_id)
     try:
         token = new_access_token()
         transport = node.guests.transport(booted.slot)
@@ -103,9 +102,6 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
             # The first command of a restored sandbox pays a cold shell start; pay it here.
             await processes.run("/bin/bash", ["-l", "-c", "true"], user=user,
                                 cwd=state.workdir, timeout_s=30.0)
-        async with quiesced(node, booted.sandbox_id, booted.slot):
-            image = await node.runtime.checkpoint(booted.instance, staged.memory_dir,
-                                                  leave_running=False)
         draft = SnapshotDraft(
             snapshot_id=snapshot_id, kind="template", template_id=spec.template_id,
             names=[spec.name] if spec.name else [],
@@ -114,11 +110,10 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
             default_workdir=state.workdir, env_vars=dict(state.env), envd_token=token,
             metadata={IMAGE_KEY: key},
         )
-        snapshot = await node.repository.commit(
-            staged, draft, layers=state.layers, envd_bundle=booted.envd_bundle)
-        log_.info(f"memory image taken ({image.size_bytes / 1e6:.1f} MB)", FINALIZE_STEP)
+        snapshot = await capture(node, booted, draft, state.layers)
+        log_.info(f"memory image taken ({snapshot.manifest.memory_size_bytes / 1e6:.1f} MB"
+                  + (", with its disk)" if snapshot.manifest.disk else ")"), FINALIZE_STEP)
     except BaseException:
-        await asyncio.shield(node.repository.discard(staged))
         await asyncio.shield(discard(node, booted))
         raise
     # The image is committed: tearing the sandbox down (~2 s here, mostly runsc's delete)
@@ -126,30 +121,6 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
     task = asyncio.create_task(discard(node, booted), name=f"discard-{booted.sandbox_id}")
     _BACKGROUND.add(task)
     task.add_done_callback(_BACKGROUND.discard)
-    return snapshot
-
-
-async def _files_only(node: Node, state: StageState, plan: BuildPlan, spec: BuildSpec,
-                      snapshot_id: str, user: str, key: str, log_: BuildLog) -> Snapshot:
-    """A template without a memory image (disk workspaces): its sandboxes boot from the
-    layers. Start and ready commands would have to run at every create: refused for now."""
-    if plan.start_cmd or plan.ready_cmd:
-        disk_mode.refuse(node, "a template with a start or ready command")
-    draft = SnapshotDraft(
-        snapshot_id=snapshot_id, kind="template", template_id=spec.template_id,
-        names=[spec.name] if spec.name else [], created_at=node.clock(),
-        requirements=node.host_requirements, cpu_count=spec.cpu_count,
-        memory_mb=spec.memory_mb, default_user=user, default_workdir=state.workdir,
-        env_vars=dict(state.env), metadata={IMAGE_KEY: key},
-    )
-    staged = node.repository.stage(snapshot_id)
-    try:
-        snapshot = await node.repository.commit(
-            staged, draft, layers=state.layers, envd_bundle=node.envd_bundle, memory=False)
-    except BaseException:
-        await asyncio.shield(node.repository.discard(staged))
-        raise
-    log_.info("template committed without a memory image (disk workspaces)", FINALIZE_STEP)
     return snapshot
 
 

@@ -118,7 +118,10 @@ async def _stop(node: Node, booted: Booted) -> None:
     with contextlib.suppress(Exception):
         await node.guests.forget(booted.slot)
         await node.pool.release(booted.slot)
-    await node.rootfs.disassemble(booted.sandbox_id, keep_upper=True)
+    if node.workspaces is None:
+        await node.rootfs.disassemble(booted.sandbox_id, keep_upper=True)
+    # With disk workspaces the upper is inside the sandbox's disk image: it stays attached
+    # (nothing writes it any more) until _commit_upper has copied it out.
 
 
 async def _commit_upper(

@@ -7,8 +7,8 @@ image alone no longer holds a sandbox: it needs its disk as it was at the checkp
 copied) with the disk's filesystem frozen, checkpoints the frozen sandbox and thaws it; a fork's
 children start on clones of that clone. A snapshot commits that clone as chunk blobs
 (``storage/disk_chunks.py``), reading only chunks changed since the sandbox's previous
-snapshot. Template memory images, start commands and pauses another node resumes do not take
-the disk along yet: they are refused with 501 (or stay on this node) rather than half-done.
+snapshot. A template's memory image is taken the same way, so its sandboxes restore onto clones
+of the template's disk.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import asyncio
 import logging
 from pathlib import Path
 
-from aenv.core.errors import FailedPrecondition, Unimplemented
+from aenv.core.errors import FailedPrecondition
+from aenv.network.base import NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.disk_room import ensure_room
 from aenv.orchestrator.instance_codec import decode
 from aenv.orchestrator.ops.quiesce import quiesced
-from aenv.runtime.base import MemoryImage
+from aenv.runtime.base import Instance, MemoryImage
 from aenv.storage.disk_chunks import CHUNK_BYTES, export_disk
 from aenv.storage.manifest import DiskChunk, DiskImage
 from aenv.storage.reflink_fs import ficlone
@@ -35,12 +36,10 @@ def on_disk(node: Node) -> bool:
     return node.settings.workspace == "disk"
 
 
-def refuse(node: Node, what: str) -> None:
-    """Raise :class:`Unimplemented` for ``what`` on a node with disk workspaces."""
-    if on_disk(node):
-        raise Unimplemented(
-            f"{what} of sandboxes with disk workspaces is not supported yet on this node "
-            "(workspace=disk); use workspace=memory for it")
+def image_key(node: Node) -> tuple[str, ...]:
+    """What a template image holds of this node's workspaces, for its cache key: a disk
+    image has the node's disk size, which its sandboxes keep (E2B fixes it per build)."""
+    return (f"disk {node.settings.disk_size_mb} MiB",) if on_disk(node) else ()
 
 
 def seed_path(node: Node, name: str) -> Path:
@@ -59,16 +58,22 @@ async def checkpoint_with_disk(node: Node, record: SandboxRecord, dest: Path,
 
     On failure: the sandbox runs on (thawed); neither ``dest`` nor ``disk`` is to be used.
     """
-    assert node.workspaces is not None
     slot, instance = decode(record.instance, record.sandbox_id)
     if instance is None or slot is None:
         raise FailedPrecondition(f"sandbox {record.sandbox_id} has no runtime")
-    ensure_room(node.runtime, instance, dest.parent,
-                f"a memory image of sandbox {record.sandbox_id}")
-    async with quiesced(node, record.sandbox_id, slot):
+    return await capture(node, instance, slot, dest, disk)
+
+
+async def capture(node: Node, instance: Instance, slot: NetSlot, dest: Path,
+                  disk: Path) -> MemoryImage:
+    """:func:`checkpoint_with_disk` of a sandbox that has no record (a template's)."""
+    assert node.workspaces is not None
+    sid = instance.sandbox_id
+    ensure_room(node.runtime, instance, dest.parent, f"a memory image of sandbox {sid}")
+    async with quiesced(node, sid, slot):
         await node.runtime.freeze(instance)
         try:
-            await node.workspaces.clone_frozen(record.sandbox_id, disk)
+            await node.workspaces.clone_frozen(sid, disk)
             return await node.runtime.checkpoint(instance, dest, leave_running=True)
         except BaseException:
             disk.unlink(missing_ok=True)

@@ -3,7 +3,8 @@
 Once per (template layers, envd bundle): boot a sandbox of the template, wait for envd,
 checkpoint it (the sandbox exits) and commit the image to the repository as a ``template``
 snapshot. Later starts find it there. A restore skips envd's start-up (~1.5 s of Python
-imports through the gofer) and starts with warm caches.
+imports through the gofer) and starts with warm caches. With disk workspaces the image holds
+the template sandbox's disk of the same instant (:func:`capture`).
 """
 
 from __future__ import annotations
@@ -12,25 +13,28 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from aenv.core.ids import new_sandbox_id
-from aenv.orchestrator import restore_match
+from aenv.orchestrator import disk_mode, restore_match
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
-from aenv.orchestrator.ops.boot import boot_sandbox, discard
+from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard
 from aenv.orchestrator.ops.quiesce import quiesced
-from aenv.storage.repository import SnapshotDraft
+from aenv.storage.repository import Snapshot, SnapshotDraft
 
 log = logging.getLogger("aenv.orchestrator.template_image")
 
 
-def image_id(template: Template, envd_bundle: Path, requirements: dict[str, str]) -> str:
-    """Named by what makes the image (layer ids, the bundle's version, the runtime), never by
-    host paths: nodes sharing a repository share the image."""
+def image_id(node: Node, template: Template) -> str:
+    """Named by what makes the image (layer ids, the bundle's version, the runtime, the disk
+    size), never by host paths: nodes sharing a repository share the image."""
     key = "\n".join([template.template_id, *(p.name for p in template.layers),
-                     envd_bundle.name, restore_match.requirements_key(requirements)])
+                     node.envd_bundle.name,
+                     restore_match.requirements_key(node.host_requirements),
+                     *disk_mode.image_key(node)])
     return f"tpl-{template.template_id}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
@@ -39,16 +43,12 @@ async def with_memory_image(node: Node, template: Template) -> Template:
 
     On failure: raises (the caller may go on booting cold); nothing half-made is visible.
     """
-    snapshot_id = image_id(template, node.envd_bundle, node.host_requirements)
+    snapshot_id = image_id(node, template)
     snapshot = await node.repository.lookup(snapshot_id)
     if snapshot is None:
         started = time.monotonic()
         booted = await boot_sandbox(node, new_sandbox_id(), template)
-        staged = node.repository.stage(snapshot_id)
         try:
-            async with quiesced(node, booted.sandbox_id, booted.slot):
-                image = await node.runtime.checkpoint(booted.instance, staged.memory_dir,
-                                                      leave_running=False)
             draft = SnapshotDraft(
                 snapshot_id=snapshot_id,
                 kind="template",
@@ -60,19 +60,47 @@ async def with_memory_image(node: Node, template: Template) -> Template:
                 default_user=template.default_user,
                 default_workdir=template.default_workdir,
             )
-            snapshot = await node.repository.commit(
-                staged, draft, layers=template.layers, envd_bundle=booted.envd_bundle)
-        except BaseException:
-            await asyncio.shield(node.repository.discard(staged))
-            raise
+            snapshot = await capture(node, booted, draft, template.layers)
         finally:
             await asyncio.shield(discard(node, booted))
         log.info("memory image of template %s made in %.0f ms (%.1f MB)",
                  template.template_id, (time.monotonic() - started) * 1000,
-                 image.size_bytes / 1e6)
+                 snapshot.manifest.memory_size_bytes / 1e6)
     m = snapshot.manifest
     restore_match.check(snapshot_id, m.requirements, node.host_requirements)
-    local = await node.repository.materialize(snapshot, node.envd_bundle)
+    local = await node.repository.materialize(snapshot, node.envd_bundle,
+                                              disk_mode.disk_dir(node))
     # A restored kernel keeps the CPUs and memory it was saved with.
     return replace(template, image=local.image, envd_bundle=local.envd_bundle,
-                   cpu_count=m.cpu_count, memory_mb=m.memory_mb)
+                   cpu_count=m.cpu_count, memory_mb=m.memory_mb, disk_image=local.disk)
+
+
+async def capture(node: Node, booted: Booted, draft: SnapshotDraft,
+                  layers: Sequence[Path]) -> Snapshot:
+    """Checkpoint a template's sandbox and commit the image as ``draft``: with a disk
+    workspace, its disk of the same instant goes along (sandboxes restore onto clones of it).
+
+    Prerequisites: the sandbox is booted and ready; the caller discards it afterwards (it may
+    have exited). On failure: nothing is visible (staging and clones removed).
+    """
+    staged = node.repository.stage(draft.snapshot_id)
+    clone = disk_mode.seed_path(node, staged.path.name) if node.workspaces else None
+    try:
+        disk = None
+        if clone is None:
+            async with quiesced(node, booted.sandbox_id, booted.slot):
+                await node.runtime.checkpoint(booted.instance, staged.memory_dir,
+                                              leave_running=False)
+        else:
+            await disk_mode.capture(node, booted.instance, booted.slot, staged.memory_dir,
+                                    clone)
+            disk = await disk_mode.export(node, booted.sandbox_id, clone, draft.snapshot_id)
+        return await node.repository.commit(staged, draft, layers=layers,
+                                            envd_bundle=booted.envd_bundle, disk=disk)
+    except BaseException:
+        await asyncio.shield(node.repository.discard(staged))
+        raise
+    finally:
+        if clone is not None:
+            clone.unlink(missing_ok=True)
+            disk_mode.forget(node, booted.sandbox_id)  # nobody snapshots it again
