@@ -151,7 +151,7 @@ async def open_workspaces(settings: Settings) -> WorkspaceStore:
     pool = ReflinkPool(settings.home, image_size_bytes=settings.workspace_pool_bytes or None)
     with console.status("opening the workspace pool"):
         await pool.start()
-    workspaces = WorkspaceStore(pool)
+    workspaces = WorkspaceStore(pool, overcommit=settings.workspace_overcommit)
     await workspaces.clean_staging()
     return workspaces
 

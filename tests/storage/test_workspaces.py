@@ -275,6 +275,30 @@ async def test_the_pool_never_admits_more_than_it_can_hold(home: Path) -> None:
     assert set(store.observe().images) == {"two"}
 
 
+async def test_a_thin_pool_admits_its_overcommit_and_keeps_headroom_for_running_ones(
+    home: Path,
+) -> None:
+    store = await _store(home, overcommit=3.0)
+    for name in ("one", "two", "three"):
+        await store.create(name, 900)  # 2,700 MiB promised on a pool of 1 GiB
+    with pytest.raises(NotEnoughSpace, match="committed"):
+        await store.create("four", 900)
+    await store.remove("three")
+    # Real space, not promises, is what keeps running sandboxes writing: once less than a
+    # twentieth of the pool is free, nothing new is admitted.
+    mount_point = await store.attach("one")
+    filler = mount_point / "filler"
+    free = store.pool.free_bytes()
+    keep = store.pool.capacity_bytes() // 20 - (8 << 20)
+    await _dd(filler, max(1, (free - keep) >> 20), "/dev/urandom")
+    with pytest.raises(NotEnoughSpace, match="kept for its running sandboxes"):
+        await store.create("three", 32)
+    filler.unlink()
+    await store.detach("one")
+    for name in ("one", "two"):
+        await store.remove(name)
+
+
 async def test_a_pool_without_reflinks_creates_but_refuses_clones(home: Path) -> None:
     pool = ReflinkPool(home, backing="dir")  # /tmp is ext4 here
     state = await pool.start()

@@ -158,12 +158,18 @@ class Settings(BaseSettings):
     """Where a sandbox's written files live. ``memory``: inside the sandbox's memory (part of
     every memory image; bounded by its memory limit). ``disk``: in a disk image of its own of
     ``disk_size_mb`` (writes past it fail with ENOSPC), on a reflink-capable pool under
-    ``<home>/workspaces``; ``/tmp`` stays in memory. A sandbox paused with a disk
-    workspace is not yet resumable on another node (docs/workspaces.md)."""
+    ``<home>/workspaces``; ``/tmp`` stays in memory (docs/workspaces.md)."""
 
     workspace_pool_bytes: int = Field(default=0, ge=0)
     """Size of the workspace pool image made when ``<home>/workspaces`` cannot reflink
     (0: 80% of the free space of the home's filesystem, at most 1 TiB)."""
+
+    workspace_overcommit: float = Field(default=1.0, ge=1.0, le=1000.0)
+    """How many times the pool's size the disks of its sandboxes may add up to (their
+    ``disk_size_mb`` each; images are sparse and hold only what was written). 1: a full pool
+    is impossible. Above 1 the pool is thin-provisioned: creates are still refused once it is
+    nearly full, but sandboxes that all fill their disks at once can fill it, and their next
+    writes fail with I/O errors (docs/workspaces.md)."""
 
     repository: str | None = None
     """Where snapshots, templates and paused sandboxes are kept, shared by every node that

@@ -454,15 +454,22 @@ class WorkspaceStore:
             fsync_dirs(target.parent)
 
     def _check_space(self, new_bytes: int) -> None:
-        limit = int(self.pool.capacity_bytes() * self.overcommit) - self.reserve_bytes
+        capacity = self.pool.capacity_bytes()
+        limit = int(capacity * self.overcommit) - self.reserve_bytes
         committed = self.committed_bytes()
         if committed + new_bytes > limit:
             raise NotEnoughSpace(
                 f"workspace pool {self.pool.path} is full: {committed >> 20} MiB committed + "
                 f"{new_bytes >> 20} MiB > {limit >> 20} MiB"
             )
-        if self.pool.free_bytes() < self.reserve_bytes:
-            raise NotEnoughSpace(f"workspace pool {self.pool.path} has no free space left")
+        # Thin-provisioned, the pool's real free space is what protects running sandboxes:
+        # new ones are refused while a twentieth of it is left for those already running.
+        headroom = self.reserve_bytes if self.overcommit <= 1 else max(
+            self.reserve_bytes, capacity // 20)
+        if self.pool.free_bytes() < headroom:
+            raise NotEnoughSpace(
+                f"workspace pool {self.pool.path} has {self.pool.free_bytes() >> 20} MiB free, "
+                f"less than the {headroom >> 20} MiB kept for its running sandboxes")
 
 
 def _fsync_file(path: Path) -> None:
