@@ -14,7 +14,10 @@ of the template's disk.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import secrets
+import time
 from pathlib import Path
 
 from aenv.core.errors import FailedPrecondition
@@ -106,7 +109,14 @@ async def export(node: Node, sandbox_id: str, clone: Path, snapshot_id: str) -> 
     local = disk_dir(node)
     assert local is not None
     local.mkdir(exist_ok=True)
-    await asyncio.to_thread(ficlone, clone, local / f"{snapshot_id}.img")
+    # By a new name, then over the old: a paused sandbox is published under one id again at
+    # each pause, and a crash may leave a copy the commit never followed.
+    fresh = local / f".{snapshot_id}.{secrets.token_hex(4)}.img"
+    try:
+        await asyncio.to_thread(ficlone, clone, fresh)
+        fresh.replace(local / f"{snapshot_id}.img")
+    finally:
+        fresh.unlink(missing_ok=True)
     clone.replace(_pin(node, sandbox_id))
     log.info("disk of %s for snapshot %s: %d chunks read, %d unchanged since its last snapshot",
              sandbox_id, snapshot_id, result.read, result.reused)
@@ -129,7 +139,13 @@ def drop_stale_disks(node: Node) -> int:
         return 0
     dropped = 0
     for path in local.glob("*.img"):
-        if node.repository.get(path.stem) is None:
+        if path.name.startswith("."):
+            # Being made by export(), or left by a crash in it: only the latter is old.
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - path.stat().st_mtime > node.settings.gc_grace_s:
+                    path.unlink()
+                    dropped += 1
+        elif node.repository.get(path.stem) is None:
             path.unlink(missing_ok=True)
             dropped += 1
     return dropped

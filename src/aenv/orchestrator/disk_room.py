@@ -16,30 +16,14 @@ from pathlib import Path
 
 from aenv.core.errors import NotEnoughSpace
 from aenv.runtime.base import Instance, Runtime
-from aenv.runtime.gvisor import CGROUP_ROOT, GvisorRuntime
 
 #: Room kept free beyond the estimate (the image's metadata; other writers on the disk).
 MARGIN_BYTES = 32 << 20
 
 
-def memory_in_use(runtime: Runtime, instance: Instance) -> int | None:
-    """Bytes the sandbox's memory cgroup holds now, or ``None`` if unknown (another runtime,
-    no cgroup)."""
-    if not isinstance(runtime, GvisorRuntime):
-        return None
-    relative = f"{runtime.config.cgroup_parent.strip('/')}/{instance.runtime_id}"
-    for path in (CGROUP_ROOT / "memory" / relative / "memory.usage_in_bytes",
-                 CGROUP_ROOT / relative / "memory.current"):
-        try:
-            return int(path.read_text().strip())
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def ensure_room(runtime: Runtime, instance: Instance, directory: Path, what: str) -> None:
     """Raise :class:`NotEnoughSpace` if ``directory``'s filesystem cannot take the image."""
-    need = memory_in_use(runtime, instance)
+    need = runtime.memory_charged(instance)
     if need is None:
         return
     directory.mkdir(parents=True, exist_ok=True)

@@ -156,6 +156,11 @@ class Runtime(Protocol):
 
     async def stats(self, instance: Instance) -> Stats: ...
 
+    def memory_charged(self, instance: Instance) -> int | None:
+        """Bytes the host charges the running sandbox for memory now (what a memory image of
+        it can take at most), or None when the driver cannot tell."""
+        ...
+
     async def wait_exit(self, instance: Instance) -> Exit:
         """Wait until the sandbox's runtime has exited, for whatever reason (a checkpoint
         without ``leave_running`` and ``destroy`` too: the caller tells those apart), and say

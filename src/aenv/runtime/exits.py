@@ -29,9 +29,8 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
+from aenv.runtime import cgroups
 from aenv.runtime.base import Exit
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 #: The polling fallback's period: a death is noticed within this (plus a /proc read).
 POLL_S = 0.25
@@ -128,7 +127,7 @@ def reason(status: int | None, *, cgroup: str, logs: Sequence[Path]) -> Exit:
     ``cgroup`` (relative to the cgroup root) → ``out-of-memory``; a panic line in the tail of
     one of ``logs`` → ``crashed``; the wait status ``status``: a signal → ``killed``, else
     ``exited``. Read it before the cgroup and logs are removed."""
-    kills, limit = oom_kills(cgroup)
+    kills, limit = cgroups.oom_kills(cgroup)
     if kills:
         size = f" of {limit // (1024 * 1024)} MiB" if 0 < limit < 1 << 60 else ""
         return Exit(
@@ -150,31 +149,6 @@ def reason(status: int | None, *, cgroup: str, logs: Sequence[Path]) -> Exit:
         hint = f" (128 + {signal.Signals(code - 128).name})" if code - 128 in _SIGNALS else ""
         return Exit("exited", f"the sandbox's runtime exited with status {code}{hint}")
     return Exit("exited", "the sandbox's runtime exited (status unknown)")
-
-
-def oom_kills(relative: str) -> tuple[int, int]:
-    """OOM kills counted in memory cgroup ``relative`` (v1 ``memory.oom_control``, v2
-    ``memory.events``; every mounted hierarchy is looked at), and its limit in bytes (0 if
-    unknown)."""
-    kills = limit = 0
-    candidates = [CGROUP_ROOT / relative]
-    with contextlib.suppress(OSError):
-        candidates += [d / relative for d in CGROUP_ROOT.iterdir() if d.is_dir()]
-    for path in candidates:
-        for name, limit_name in (
-            ("memory.oom_control", "memory.limit_in_bytes"),
-            ("memory.events", "memory.max"),
-        ):
-            try:
-                pairs = [line.split() for line in (path / name).read_text().splitlines()]
-                counters = {p[0]: int(p[1]) for p in pairs if len(p) == 2}
-            except (OSError, ValueError):
-                continue
-            if counters.get("oom_kill", 0) > 0:
-                kills += counters["oom_kill"]
-                with contextlib.suppress(OSError, ValueError):
-                    limit = int((path / limit_name).read_text())
-    return kills, limit
 
 
 def _tail(path: Path) -> str:

@@ -212,6 +212,10 @@ class FakeRuntime:
             disk_total=0,
         )
 
+    def memory_charged(self, instance: Instance) -> int | None:
+        sandbox = self._sandboxes.get(instance.runtime_id)
+        return None if sandbox is None else min(IDLE_MEMORY, sandbox.spec.memory_mb << 20)
+
     async def wait_exit(self, instance: Instance) -> Exit:
         """Same contract as ``GvisorRuntime.wait_exit``: returns once the sandbox ended
         (``crash``, a checkpoint without ``leave_running``, ``destroy``); at once for one

@@ -22,7 +22,6 @@ Owns: the sandbox's runsc container, its cgroups, bundle and logs. Must not touc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -40,13 +39,12 @@ from aenv.core.errors import (
     NotFound,
 )
 from aenv.network.base import NetSlot
-from aenv.runtime import exits, oci, urpc
+from aenv.runtime import cgroups, exits, oci, urpc
 from aenv.runtime.base import Exit, Instance, MemoryImage, Observed, SandboxSpec, Stats
 from aenv.runtime.runsc import RUNSC, Runsc, RunscConfig, map_runsc_errors
 
 log = logging.getLogger("aenv.runtime.gvisor")
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: sun_path holds 108 bytes, NUL included.
 MAX_SOCKET_PATH = 107
 #: runsc's statuses, as the orchestrator's Observed.status spells them.
@@ -339,7 +337,7 @@ class GvisorRuntime:
                 await asyncio.sleep(STATE_POLL_S)
         logs = self.log_dir(sid)
         return exits.reason(
-            status, cgroup=f"{self.config.cgroup_parent.strip('/')}/{sid}",
+            status, cgroup=self._cgroup(sid),
             logs=[*sorted(logs.glob("*boot*")), self.console_log(sid)],
         )
 
@@ -423,7 +421,7 @@ class GvisorRuntime:
             await self.runsc.delete(sid)
         # runsc creates the cgroups before it saves the container's state, so a run that
         # fails in between leaves cgroups that ``delete`` does not know about.
-        _remove_cgroups(f"{self.config.cgroup_parent.strip('/')}/{sid}")
+        cgroups.remove(self._cgroup(sid))
         self._cpu_samples.pop(sid, None)
         self._shapes.pop(sid, None)
         sandbox_dir = self.sandbox_dir(sid)
@@ -436,6 +434,14 @@ class GvisorRuntime:
             sandbox_dir.rmdir()
         except OSError:
             pass  # not empty (storage's upper, kept logs) or already gone
+
+    def memory_charged(self, instance: Instance) -> int | None:
+        """Bytes the sandbox's memory cgroup is charged now (guest memory and the files
+        written into it; a memory image holds at most that), None if unknown."""
+        return cgroups.memory_charged(self._cgroup(instance.runtime_id))
+
+    def _cgroup(self, sandbox_id: str) -> str:
+        return f"{self.config.cgroup_parent.strip('/')}/{sandbox_id}"
 
     def _shape(self, instance: Instance) -> tuple[int, int, Path]:
         cid = instance.runtime_id
@@ -450,19 +456,6 @@ class GvisorRuntime:
             shape = (cpus, int(resources["memory"]["limit"]), Path(config["root"]["path"]))
             self._shapes[cid] = shape
         return shape
-
-
-def _remove_cgroups(relative: str) -> None:
-    """rmdir the (empty) cgroup ``relative`` in every hierarchy: v1 controllers and v2."""
-    candidates = [CGROUP_ROOT / relative]
-    with contextlib.suppress(OSError):
-        candidates += [d / relative for d in CGROUP_ROOT.iterdir() if d.is_dir()]
-    for path in candidates:
-        if path.is_dir():
-            try:
-                path.rmdir()
-            except OSError as exc:  # still has processes: nothing we may kill here
-                log.warning("cannot remove cgroup %s: %s", path, exc)
 
 
 def _pid_alive(pid: int) -> bool:

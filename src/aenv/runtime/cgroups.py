@@ -1,0 +1,68 @@
+"""The host cgroups of sandboxes, read and removed by path (relative to the cgroup root).
+
+A sandbox's cgroup is ``<cgroup_parent>/<sandbox_id>`` in every hierarchy (v1 controllers or
+v2), made by runsc. Owns: nothing; reads counters, rmdirs empty cgroups. Must not touch: the
+processes in them, other cgroups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+log = logging.getLogger("aenv.runtime")
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _everywhere(relative: str) -> list[Path]:
+    """``relative`` under the v2 root and under every v1 hierarchy."""
+    candidates = [CGROUP_ROOT / relative]
+    with contextlib.suppress(OSError):
+        candidates += [d / relative for d in CGROUP_ROOT.iterdir() if d.is_dir()]
+    return candidates
+
+
+def memory_charged(relative: str) -> int | None:
+    """Bytes memory cgroup ``relative`` is charged now (v1 ``memory.usage_in_bytes``, v2
+    ``memory.current``), or None if it has none."""
+    for path in (CGROUP_ROOT / "memory" / relative / "memory.usage_in_bytes",
+                 CGROUP_ROOT / relative / "memory.current"):
+        try:
+            return int(path.read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def oom_kills(relative: str) -> tuple[int, int]:
+    """OOM kills counted in memory cgroup ``relative`` (v1 ``memory.oom_control``, v2
+    ``memory.events``; every mounted hierarchy is looked at), and its limit in bytes (0 if
+    unknown)."""
+    kills = limit = 0
+    for path in _everywhere(relative):
+        for name, limit_name in (
+            ("memory.oom_control", "memory.limit_in_bytes"),
+            ("memory.events", "memory.max"),
+        ):
+            try:
+                pairs = [line.split() for line in (path / name).read_text().splitlines()]
+                counters = {p[0]: int(p[1]) for p in pairs if len(p) == 2}
+            except (OSError, ValueError):
+                continue
+            if counters.get("oom_kill", 0) > 0:
+                kills += counters["oom_kill"]
+                with contextlib.suppress(OSError, ValueError):
+                    limit = int((path / limit_name).read_text())
+    return kills, limit
+
+
+def remove(relative: str) -> None:
+    """rmdir the (empty) cgroup ``relative`` in every hierarchy: v1 controllers and v2."""
+    for path in _everywhere(relative):
+        if path.is_dir():
+            try:
+                path.rmdir()
+            except OSError as exc:  # still has processes: nothing we may kill here
+                log.warning("cannot remove cgroup %s: %s", path, exc)
