@@ -223,6 +223,10 @@ def test_a_disk_workspace_paused_on_one_node_resumes_on_another() -> None:
                 sbx.commands.run("head -c 50000000 /dev/urandom > ~/data && md5sum ~/data "
                                  "> ~/data.md5")
                 start_counter(sbx)
+                # Published, resumed here, changed, published again under the same id.
+                pause_until_published(node_a, sbx)
+                sbx = Sandbox.connect(sbx.sandbox_id, timeout=120)
+                sbx.files.write("/home/user/second.txt", "after the first pause")
                 before = int(sbx.files.read("/tmp/count").strip())
                 paused_id = pause_until_published(node_a, sbx)
         finally:
@@ -232,6 +236,7 @@ def test_a_disk_workspace_paused_on_one_node_resumes_on_another() -> None:
             with sdk_env(node_b):
                 resumed = Sandbox.connect(paused_id, timeout=120)
                 assert resumed.commands.run("md5sum -c ~/data.md5").exit_code == 0
+                assert resumed.files.read("/home/user/second.txt") == "after the first pause"
                 first = int(resumed.files.read("/tmp/count").strip())
                 time.sleep(0.5)
                 assert int(resumed.files.read("/tmp/count").strip()) > first >= before
