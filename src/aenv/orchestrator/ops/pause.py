@@ -54,18 +54,31 @@ async def pause(node: Node, sandbox_id: str, *, require_healthy: bool = False,
         raise Conflict(f"sandbox {sandbox_id} is already paused")
     if record.state != SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is {record.state}; try again")
-    healthy = await _guest_answers(node, record)
-    if not healthy and require_healthy:
-        raise Conflict(f"sandbox {sandbox_id}: envd does not answer, so it was not paused "
-                       "(requireHealthyGuest)")
+    # Owned before the guest is asked: a snapshot or fork that won the sandbox freezes it,
+    # and a health request of ours still in flight into the frozen guest stalls that freeze
+    # (measured with disk workspaces: the control socket's Pause unanswered for 10 s).
     record = await node.store.update(record, state=SandboxState.PAUSING)
+    return await asyncio.shield(_pause_owned(node, record, require_healthy, memory))
+
+
+async def _pause_owned(node: Node, record: SandboxRecord, require_healthy: bool,
+                       memory: bool) -> SandboxRecord:
+    try:
+        healthy = await _guest_answers(node, record)
+    except BaseException:
+        await node.store.update(record, state=SandboxState.RUNNING)
+        raise
+    if not healthy and require_healthy:
+        await node.store.update(record, state=SandboxState.RUNNING)
+        raise Conflict(f"sandbox {record.sandbox_id}: envd does not answer, so it was not "
+                       "paused (requireHealthyGuest)")
     if not memory and disk_mode.on_disk(node):
-        return await asyncio.shield(fs_pause.pause_files(node, record))
+        return await fs_pause.pause_files(node, record)
     if not healthy:
-        log.warning("pausing %s although its envd does not answer", sandbox_id)
+        log.warning("pausing %s although its envd does not answer", record.sandbox_id)
         record = await node.store.update(
             record, instance={**(record.instance or {}), "envd_unresponsive": True})
-    return await asyncio.shield(_freeze(node, record))
+    return await _freeze(node, record)
 
 
 async def _guest_answers(node: Node, record: SandboxRecord) -> bool:
