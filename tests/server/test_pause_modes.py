@@ -24,13 +24,15 @@ def test_a_pause_reports_its_mode_and_a_strict_one_needs_a_healthy_guest(
     sbx = Sandbox.create(timeout=300)
     sid = sbx.sandbox_id
     assert "pauseMode" not in _raw(server, "GET", f"/sandboxes/{sid}").json()
-    # Filesystem-only and strict, on a healthy guest: paused, in full (files live in memory).
+    # Filesystem-only and strict, on a healthy guest: paused, files only with disk workspaces,
+    # in full where the files live in memory.
     paused = _raw(server, "POST", f"/sandboxes/{sid}/pause",
                   json={"memory": False, "requireHealthyGuest": True})
     assert paused.status_code == 204, paused.text
     info = _raw(server, "GET", f"/sandboxes/{sid}").json()
     assert info["state"] == "paused"
-    assert info["pauseMode"] == "full"
+    on_disk = server.env.get("AENV_WORKSPACE") == "disk"
+    assert info["pauseMode"] == ("filesystem" if on_disk else "full")
     assert info["envdUnresponsiveAtPause"] is False
     sbx = Sandbox.connect(sid, timeout=300)
 

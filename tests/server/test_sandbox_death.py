@@ -43,9 +43,14 @@ MEMORY_MB = 256
 #: unknown"), and the SIGKILL cases check that the signal is named.
 WATCHED_S = 2 * SYNC_S
 #: Writes 16 MiB files into the root's in-memory layer, one output line each, forever.
+#: Files in /tmp (in the sandbox's memory; with disk workspaces a tmpfs of half of it), then
+#: anonymous memory, 16 MiB a line. Anonymous memory alone does not do: past the sandbox's
+#: memory size the guest's allocation fails (MemoryError) and the sandbox lives on.
 FILL_MEMORY = (
     "i=0; while head -c 16777216 /dev/urandom > /tmp/fill$i; do i=$((i+1)); "
-    "echo wrote $((i*16)) MiB; done; echo the write failed"
+    "echo wrote $((i*16)) MiB; done; "
+    "python3 -u -c 'held = []\nwhile True:\n    held.append(b\"x\" * (16 << 20))"
+    "\n    print(\"held\", 16 * len(held), \"MiB\")'"
 )
 #: Streams one line every 0.1 s for a minute.
 TICK = "for i in $(seq 600); do echo tick $i; sleep 0.1; done"
