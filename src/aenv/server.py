@@ -149,8 +149,14 @@ def open_repository(settings: Settings, layers: LayerStore) -> SnapshotRepositor
 async def open_workspaces(settings: Settings) -> WorkspaceStore:
     """The disk-workspace pool of this home (made on first use), leftovers swept."""
     pool = ReflinkPool(settings.home, image_size_bytes=settings.workspace_pool_bytes or None)
-    with console.status("opening the workspace pool"):
-        await pool.start()
+    try:
+        with console.status("opening the workspace pool"):
+            await pool.start()
+    except AenvError as exc:
+        # One line, not a traceback: the usual cause is a host without loop devices.
+        raise SystemExit(
+            f"aenv: disk workspaces (workspace=disk, the default) cannot start: {exc.message}. "
+            "Fix that, or keep written files in sandbox memory: AENV_WORKSPACE=memory") from None
     workspaces = WorkspaceStore(pool, overcommit=settings.workspace_overcommit)
     await workspaces.clean_staging()
     return workspaces

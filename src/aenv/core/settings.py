@@ -154,21 +154,23 @@ class Settings(BaseSettings):
     build_ready_timeout_s: float = Field(default=300.0, gt=0)
     """How long a template's ready command may take to succeed after its start command."""
 
-    workspace: Literal["memory", "disk"] = "memory"
-    """Where a sandbox's written files live. ``memory``: inside the sandbox's memory (part of
-    every memory image; bounded by its memory limit). ``disk``: in a disk image of its own of
+    workspace: Literal["memory", "disk"] = "disk"
+    """Where a sandbox's written files live. ``disk``: in a disk image of its own of
     ``disk_size_mb`` (writes past it fail with ENOSPC), on a reflink-capable pool under
-    ``<home>/workspaces``; ``/tmp`` stays in memory (docs/workspaces.md)."""
+    ``<home>/workspaces`` (needs loop devices, ``mkfs.xfs`` and ``mkfs.ext4``); ``/tmp`` stays
+    in memory. ``memory``: inside the sandbox's memory (part of every memory image; bounded by
+    its memory limit); for hosts without loop devices (docs/workspaces.md)."""
 
     workspace_pool_bytes: int = Field(default=0, ge=0)
     """Size of the workspace pool image made when ``<home>/workspaces`` cannot reflink
     (0: 80% of the free space of the home's filesystem, at most 1 TiB)."""
 
-    workspace_overcommit: float = Field(default=1.0, ge=1.0, le=1000.0)
+    workspace_overcommit: float | None = Field(default=None, ge=1.0)
     """How many times the pool's size the disks of its sandboxes may add up to (their
-    ``disk_size_mb`` each; images are sparse and hold only what was written). 1: a full pool
-    is impossible. Above 1 the pool is thin-provisioned: creates are still refused once it is
-    nearly full, but sandboxes that all fill their disks at once can fill it, and their next
+    ``disk_size_mb`` each). Unset: no bound on that sum (images are sparse and hold only what
+    was written); creates, forks and snapshots are refused while less than a twentieth of the
+    pool is really free. 1: a full pool is impossible, at one full disk per sandbox. Between,
+    and unset, sandboxes that all fill their disks at once can fill the pool, and their next
     writes fail with I/O errors (docs/workspaces.md)."""
 
     repository: str | None = None

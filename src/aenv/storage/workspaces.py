@@ -94,12 +94,14 @@ class Workspace:
 class WorkspaceStore:
     """The per-sandbox disk images of one aenv home, over a started :class:`ReflinkPool`."""
 
-    def __init__(self, pool: ReflinkPool, *, overcommit: float = 1.0, reserve_mb: int = 64):
+    def __init__(self, pool: ReflinkPool, *, overcommit: float | None = 1.0,
+                 reserve_mb: int = 64):
         self.pool = pool
         #: ``<home>/workspaces-mnt``: mount points of attached workspaces.
         self.mounts_root = pool.home / "workspaces-mnt"
-        #: Admit images while the worst case is at most this share of the pool's size. Above 1
-        #: a pool can fill under running sandboxes (their writes then fail with EIO, see above).
+        #: Admit images while the worst case is at most this share of the pool's size (None:
+        #: no bound). Above 1 a pool can fill under running sandboxes (their writes then fail
+        #: with EIO, see above).
         self.overcommit = overcommit
         #: Room kept free for the pool filesystem's own metadata (XFS log, extent maps).
         self.reserve_bytes = reserve_mb << 20
@@ -455,17 +457,18 @@ class WorkspaceStore:
 
     def _check_space(self, new_bytes: int) -> None:
         capacity = self.pool.capacity_bytes()
-        limit = int(capacity * self.overcommit) - self.reserve_bytes
-        committed = self.committed_bytes()
-        if committed + new_bytes > limit:
-            raise NotEnoughSpace(
-                f"workspace pool {self.pool.path} is full: {committed >> 20} MiB committed + "
-                f"{new_bytes >> 20} MiB > {limit >> 20} MiB"
-            )
+        if self.overcommit is not None:
+            limit = int(capacity * self.overcommit) - self.reserve_bytes
+            committed = self.committed_bytes()
+            if committed + new_bytes > limit:
+                raise NotEnoughSpace(
+                    f"workspace pool {self.pool.path} is full: {committed >> 20} MiB "
+                    f"committed + {new_bytes >> 20} MiB > {limit >> 20} MiB"
+                )
         # Thin-provisioned, the pool's real free space is what protects running sandboxes:
         # new ones are refused while a twentieth of it is left for those already running.
-        headroom = self.reserve_bytes if self.overcommit <= 1 else max(
-            self.reserve_bytes, capacity // 20)
+        thin = self.overcommit is None or self.overcommit > 1
+        headroom = max(self.reserve_bytes, capacity // 20) if thin else self.reserve_bytes
         if self.pool.free_bytes() < headroom:
             raise NotEnoughSpace(
                 f"workspace pool {self.pool.path} has {self.pool.free_bytes() >> 20} MiB free, "
