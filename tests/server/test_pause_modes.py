@@ -31,7 +31,7 @@ def test_a_pause_reports_its_mode_and_a_strict_one_needs_a_healthy_guest(
     assert paused.status_code == 204, paused.text
     info = _raw(server, "GET", f"/sandboxes/{sid}").json()
     assert info["state"] == "paused"
-    on_disk = server.env.get("AENV_WORKSPACE") == "disk"
+    on_disk = server.env.get("AENV_WORKSPACE", "disk") == "disk"
     assert info["pauseMode"] == ("filesystem" if on_disk else "full")
     assert info["envdUnresponsiveAtPause"] is False
     sbx = Sandbox.connect(sid, timeout=300)

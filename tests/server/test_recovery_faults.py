@@ -196,8 +196,9 @@ def test_restart_survives_sabotaged_sandboxes(sdk_env: None) -> None:
         assert sbx["files"].pause()
         files_id = sbx["files"].sandbox_id
         _wait(
-            "the pause to reach disk",
-            lambda: "image" in _instance(home, files_id) and (home / "paused" / files_id).is_dir(),
+            "the pause to reach disk and the repository",
+            lambda: "image" in _instance(home, files_id) and (home / "paused" / files_id).is_dir()
+            and _instance(home, files_id).get("published") is True,
         )
         slot_of = {n: _instance(home, s.sandbox_id).get("slot") for n, s in sbx.items()}
         server.kill9()
@@ -211,11 +212,19 @@ def test_restart_survives_sabotaged_sandboxes(sdk_env: None) -> None:
                 "UPDATE sandboxes SET instance = ? WHERE sandbox_id = ?",
                 ('{"slot": {"index": 4', sbx["json"].sandbox_id),
             )
-        # A paused sandbox keeps its rootfs mounted: unmount it, then lose its files.
+        # A paused sandbox keeps its rootfs mounted: unmount it, then lose its files (its disk
+        # image with disk workspaces, the default; its upper directory in memory mode).
         files_rootfs = home / "sandboxes" / files_id / "rootfs"
         if _mounted(files_rootfs):
             subprocess.run(["umount", str(files_rootfs)], check=True)
-        shutil.rmtree(home / "sandboxes" / files_id / "upper")
+        if server.env.get("AENV_WORKSPACE", "disk") == "disk":
+            # An attached disk outlives its file (the loop device holds it): detach it first.
+            disk_mount = home / "workspaces-mnt" / files_id
+            if _mounted(disk_mount):
+                subprocess.run(["umount", str(disk_mount)], check=True)
+            (home / "workspaces" / f"{files_id}.img").unlink()
+        else:
+            shutil.rmtree(home / "sandboxes" / files_id / "upper")
         umount_rootfs = home / "sandboxes" / sbx["umount"].sandbox_id / "rootfs"
         subprocess.run(["umount", "--lazy", str(umount_rootfs)], check=True)
 
@@ -251,8 +260,8 @@ def test_restart_survives_sabotaged_sandboxes(sdk_env: None) -> None:
             with pytest.raises(NotFoundException):
                 Sandbox.connect(sbx[name].sandbox_id)
         # The paused one was published to the repository before its local files were lost:
-        # the repository has all of it (its written files live in its memory image), so a
-        # connect brings it back from there, files included.
+        # the repository has all of it (memory image, and disk if it has one), so a connect
+        # brings it back from there, files included.
         revived = Sandbox.connect(sbx["files"].sandbox_id)
         assert revived.files.read("/home/user/mark") == "files"
         for name in ("veth", "json"):
