@@ -126,6 +126,10 @@ class SnapshotRepository:
         self._index: dict[str, Snapshot] = {}
         self._refreshed = 0.0
         self._committing: set[str] = set()
+        #: Blob digests this process put, or found in the store, since its last GC pass: a
+        #: commit does not ask for them again before its manifest (the re-check after it
+        #: covers a GC elsewhere, as for blobs a manifest names).
+        self._present: set[str] = set()
         self._local = LocalCopies(store, artifacts, self.images)
         self._gate = CommitGate()
 
@@ -268,10 +272,12 @@ class SnapshotRepository:
         sources: list[tuple[Blob, Path | None]] = [
             *zip(layer_blobs, layers, strict=True), (bundle, envd_bundle),
             *((f, None) for f in files), *((c, None) for c in (disk.chunks if disk else []))]
-        # Blobs a committed manifest names are in the store (GC keeps them): no request for
-        # those now, only the re-check below. A disk snapshot that changed 6 of 1,000 chunks
-        # then puts 6. The rest go a few at a time: on S3 each request has its round trip.
-        named = self.referenced_digests()
+        # Blobs a committed manifest names are in the store (GC keeps them), and so are those
+        # this process put or saw lately: no request for those now, only the re-check below.
+        # A disk snapshot that changed 6 of 1,000 chunks then puts 6, even when the snapshot
+        # before it was deleted. The rest go a few at a time: on S3 each request has its
+        # round trip.
+        named = self.referenced_digests() | self._present
         limit = asyncio.Semaphore(PUT_CONCURRENCY)
 
         async def put(ref: Blob, source: Path | None) -> bool:
@@ -308,26 +314,25 @@ class SnapshotRepository:
         """Put one blob unless the store has it; True if it was put."""
         blob = BlobRef(ref.digest, ref.size)
         if await self.store.head(blob_key(ref.digest)) is not None:
+            self._present.add(ref.digest)
             return False
         if exported_from is not None:
             await self.artifacts.ensure_exported(exported_from, blob)
         await self.store.put_file(blob_key(ref.digest), self.cache.path(ref.digest))
+        self._present.add(ref.digest)
         return True
 
     async def _recheck(self, present: Sequence[Blob], sources: dict[str, Path | None]) -> None:
         """Blobs this commit found already in the store may have been deleted since by a GC
         on another node (they were unreferenced and old): put back any that are gone."""
-        limit = asyncio.Semaphore(CHECK_CONCURRENCY)
-
-        async def check(ref: Blob) -> None:
-            async with limit:
-                if await self.store.head(blob_key(ref.digest)) is not None:
-                    return
-                log.warning("blob %s vanished during a commit (a GC elsewhere?): put again",
-                            ref.digest)
-                await self._push(ref, sources.get(ref.digest))
-
-        await asyncio.gather(*(check(ref) for ref in present))
+        by_key = {blob_key(ref.digest): ref for ref in present}
+        for key in sorted(await self.store.missing(list(by_key),
+                                                   concurrency=CHECK_CONCURRENCY)):
+            ref = by_key[key]
+            log.warning("blob %s vanished during a commit (a GC elsewhere?): put again",
+                        ref.digest)
+            self._present.discard(ref.digest)
+            await self._push(ref, sources.get(ref.digest))
 
     def _check_staged(self, staged: Staged) -> None:
         # Never rename or delete a path the caller made up: only direct children of our staging
@@ -450,6 +455,7 @@ class SnapshotRepository:
             now = datetime.datetime.now(datetime.UTC)
             plan = plan_collection(blobs, self.referenced_digests(), now=now, grace_s=grace_s)
             fault("gc.planned")
+            self._present.clear()  # what was present may be deleted now
             for key in plan.delete:
                 await self.store.delete(key)
                 fault("gc.deleted")
