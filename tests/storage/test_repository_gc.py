@@ -115,3 +115,13 @@ async def test_a_blob_deleted_by_another_nodes_gc_mid_commit_is_put_back(
     await commit(node, "second")
     assert layer_blob.digest in await blob_digests(node.store)
     assert await _missing(node) == {}
+
+
+async def test_missing_names_exactly_the_keys_the_store_lacks(
+    tmp_path: Path, location: Location
+) -> None:
+    node = await new_node(tmp_path / "a", location)
+    await node.store.put_bytes("blobs/sha256/present", b"1")
+    keys = ["blobs/sha256/present", "blobs/sha256/absent", "manifests/absent.json"]
+    assert await node.store.missing(keys) == {"blobs/sha256/absent", "manifests/absent.json"}
+    assert await node.store.missing([]) == set()
