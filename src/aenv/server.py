@@ -3,7 +3,7 @@
 ``aenv server`` (and ``python -m aenv.server``) runs it. Start-up order: the node's locks (its
 home, its network-slot range: a second node on either refuses to start, see core/locks.py), API
 key, envd bundle, base template (with visible progress), store, network pool, crash recovery,
-then serve; the TTL loop and the pool's refill run as supervised tasks. Shutdown leaves
+then serve; the TTL and idle loops and the pool's refill run as supervised tasks. Shutdown leaves
 sandboxes running: the next start re-attaches them.
 """
 
@@ -35,6 +35,7 @@ from aenv.orchestrator.builder import Builder
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deaths import DeathWatch
 from aenv.orchestrator.gc import run_gc_loop
+from aenv.orchestrator.idle import run_idle_loop
 from aenv.orchestrator.paused_repo import publish_pending
 from aenv.orchestrator.recover import recover
 from aenv.orchestrator.restore_match import host_requirements
@@ -249,6 +250,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
             log.info("%d template builds were cut short by the restart", failed)
         spiller.start()
         tasks.append(asyncio.create_task(run_ttl_loop(node), name="ttl"))
+        tasks.append(asyncio.create_task(run_idle_loop(node), name="idle"))
         if settings.gc_interval_s:
             tasks.append(asyncio.create_task(run_gc_loop(node), name="gc"))
         deaths.start()

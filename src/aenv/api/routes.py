@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from aenv.api import listing
 from aenv.api.auth import require_api_key
 from aenv.api.convert import detail, iso, listed, sandbox_out
-from aenv.api.node import NodeDep
+from aenv.api.node import NodeDep, node_of
 from aenv.api.schemas import (
     ConnectBody,
     ErrorOut,
@@ -36,7 +36,7 @@ from aenv.api.templates import delete_built_template
 from aenv.core.errors import Conflict, InvalidArgument, NotFound
 from aenv.core.ids import is_sandbox_id
 from aenv.core.states import SandboxState
-from aenv.orchestrator import gc
+from aenv.orchestrator import gc, idle
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops import create as create_op
 from aenv.orchestrator.ops import fork as fork_op
@@ -47,7 +47,15 @@ from aenv.orchestrator.ops import pause as pause_op
 from aenv.orchestrator.ops import resume as resume_op
 from aenv.orchestrator.ops import snapshot as snapshot_op
 
-router = APIRouter(dependencies=[Depends(require_api_key)])
+
+def _touch(request: Request) -> None:
+    # Every call naming a sandbox is traffic to it (the idle auto-pause, orchestrator/idle.py).
+    sandbox_id = request.path_params.get("sandbox_id")
+    if sandbox_id is not None:
+        node_of(request).activity.touch(sandbox_id)
+
+
+router = APIRouter(dependencies=[Depends(require_api_key), Depends(_touch)])
 public = APIRouter()
 
 
@@ -71,6 +79,7 @@ async def _create(node: Node, body: NewSandbox) -> SandboxOut:
         raise InvalidArgument(
             f"timeout {timeout}s exceeds the maximum of {node.settings.max_timeout_s}s"
         )
+    idle.check_metadata(body.metadata)
     params = create_op.CreateParams(
         template=body.template_id,
         timeout_s=timeout,

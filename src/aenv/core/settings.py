@@ -92,6 +92,15 @@ class Settings(BaseSettings):
     max_hot_paused: int = Field(default=8, ge=0)
     """At most this many sandboxes stay frozen in memory; older ones are written out first."""
 
+    idle_pause_s: int | None = Field(default=None, ge=1)
+    """Idle auto-pause: a running sandbox with no API call naming it and no proxied request or
+    open stream for this many seconds is paused (memory kept; resumed by ``connect``, or by
+    its next proxied request when created with ``autoResume``). A sandbox's own
+    ``aenv.idlePauseSeconds`` metadata wins (``"0"``: never). Unset: off."""
+
+    idle_check_interval_s: float = Field(default=1.0, gt=0)
+    """How often idle sandboxes are looked for (an idle pause comes up to this late)."""
+
     max_fork_count: int = Field(default=100, ge=1, le=1000)
     """Most children one fork request may ask for."""
 

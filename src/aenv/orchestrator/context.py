@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from aenv.core.settings import Settings
+from aenv.orchestrator.activity import Activity
 from aenv.orchestrator.deps import (
     GuestConnector,
     RootfsManager,
@@ -93,6 +94,8 @@ class Node:
     #: Memory images of sandboxes paused to disk, ``<paused_dir>/<sandbox_id>``.
     paused_dir: Path
     streams: StreamRegistry = field(default_factory=StreamRegistry)
+    #: Last traffic per sandbox (proxy and API), for the idle auto-pause.
+    activity: Activity = field(default_factory=Activity)
     #: Booted sandboxes of the default template waiting to be claimed (None: no pool).
     warm: WarmSource | None = None
     #: Writes frozen (hot-paused) sandboxes to disk in the background (None: at once, inline).

@@ -68,6 +68,9 @@ class Proxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
         record = None
+        # Traffic, for the idle auto-pause: before the record is read, so that a pause taking
+        # it meanwhile sees this request (orchestrator/idle.py); again when the stream ends.
+        self.node.activity.touch(target.sandbox_id)
         if is_sandbox_id(target.sandbox_id):
             record = await self.node.store.get(target.sandbox_id)
         if record is not None and record.state in _PASSING:
@@ -128,3 +131,4 @@ class Proxy:
             raise
         finally:
             self.node.streams.discard(record.sandbox_id, task)
+            self.node.activity.touch(record.sandbox_id)

@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aenv.core.errors import Conflict, FailedPrecondition, InDoubt
@@ -43,12 +44,15 @@ _PAUSED = {SandboxState.PAUSED, SandboxState.PAUSING}
 
 
 async def pause(node: Node, sandbox_id: str, *, require_healthy: bool = False,
-                memory: bool = True) -> SandboxRecord:
+                memory: bool = True, unless: Callable[[], bool] | None = None
+                ) -> SandboxRecord:
     """``require_healthy`` (E2B ``requireHealthyGuest``): refuse (409) when envd does not
     answer, instead of pausing a guest that may be wedged; otherwise such a pause goes ahead
     and the record says ``envd_unresponsive`` (shown as ``envdUnresponsiveAtPause``).
     ``memory=False`` on a node with disk workspaces keeps only the files (``fs_pause.py``);
-    elsewhere the files live in memory, so the pause keeps both."""
+    elsewhere the files live in memory, so the pause keeps both. ``unless`` is asked once
+    the sandbox is owned: true gives it back running (``Conflict``) — the idle pause's last
+    look for traffic that arrived while the record was read."""
     record = await node.store.require(sandbox_id)
     if record.state in _PAUSED:
         raise Conflict(f"sandbox {sandbox_id} is already paused")
@@ -58,6 +62,9 @@ async def pause(node: Node, sandbox_id: str, *, require_healthy: bool = False,
     # and a health request of ours still in flight into the frozen guest stalls that freeze
     # (measured with disk workspaces: the control socket's Pause unanswered for 10 s).
     record = await node.store.update(record, state=SandboxState.PAUSING)
+    if unless is not None and unless():
+        await node.store.update(record, state=SandboxState.RUNNING)
+        raise Conflict(f"sandbox {sandbox_id} is in use; not paused")
     return await asyncio.shield(_pause_owned(node, record, require_healthy, memory))
 
 
