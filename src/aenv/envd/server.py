@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from types import FrameType
 
 import uvicorn
 
@@ -12,6 +14,33 @@ from aenv.envd.state import EnvdState
 
 #: E2B's envd closes idle keep-alive connections after 640 s; proxies keep streams longer.
 IDLE_TIMEOUT_S = 640
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its 10 Hz tick.
+
+    ``Server.main_loop`` sleeps 0.1 s at a time to look at ``should_exit`` and refresh the
+    ``Date`` header (which envd does not send), so an idle envd woke the sandbox 10 times a
+    second. Here it waits for the exit signal instead: idle means no wake-ups of ours.
+    """
+
+    _exit: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._exit = asyncio.Event()
+        if await self.on_tick(0):  # sets the default headers once; True if already exiting
+            return
+        while not self.should_exit:
+            await self._exit.wait()
+            self._exit.clear()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None and self._exit is not None:
+            # A signal handler runs between bytecodes of the loop's thread: hand over safely.
+            self._loop.call_soon_threadsafe(self._exit.set)
 
 
 def serve(
@@ -35,5 +64,5 @@ def serve(
         server_header=False,
         date_header=False,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     server.run()

@@ -1,0 +1,1 @@
+"""Modules the envd bundle ships in place of distributions envd imports but never runs."""
