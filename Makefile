@@ -35,6 +35,7 @@ bench: deps bundle
 	$(BIN)/python -m bench.images_bench
 	$(BIN)/python -m bench.repository_bench
 	$(BIN)/python -m bench.workspace_bench
+	$(BIN)/python -m bench.proxy_bench
 
 lint: deps
 	$(BIN)/ruff check src tests bench

@@ -26,6 +26,7 @@ have curl || need+=(curl)
 have skopeo || need+=(skopeo)            # pulls OCI images (the node)
 have umoci || need+=(umoci)              # builds test images (tests)
 have docker-registry || need+=(docker-registry)  # a local registry (tests)
+have wrk || need+=(wrk)                  # the proxy benchmark (bench/proxy_bench.py)
 updated=0
 update() { if [ "$updated" = 0 ]; then apt-get update -qq; updated=1; fi; }
 if [ ${#need[@]} -gt 0 ]; then

@@ -12,8 +12,9 @@ then reaches the first slot's guest). ``GuestTransport`` therefore gives httpx a
 backend that binds each socket before connecting.
 
 ``GuestConnector`` implements the orchestrator's ``GuestConnector`` protocol: one cached httpx
-transport per slot (keep-alive connections survive between requests) and raw sockets for the
-proxy's WebSocket relay.
+transport per slot (keep-alive connections survive between requests), raw sockets for the
+proxy's WebSocket relay, and the pool of raw keep-alive connections the proxy's HTTP relay
+uses (guest_pool.py); ``forget`` closes all three kinds.
 
 Owns: sockets and httpx transports to guests. Must not touch: slots themselves (pool.py).
 """
@@ -27,13 +28,16 @@ import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpcore
 import httpx
 
 from aenv.core.errors import Unavailable
 from aenv.network.base import NetSlot
+
+if TYPE_CHECKING:
+    from aenv.network.guest_pool import PooledConnection
 
 #: A guest answers a SYN within a millisecond or refuses it at once (netstack sends RST);
 #: seconds of silence mean the sandbox is frozen or gone.
@@ -78,6 +82,12 @@ async def connections_held(slot: NetSlot, *, timeout: float = CONNECT_TIMEOUT_S
         gate.open.set()
         if gate.connecting == 0 and _GATES.get(slot.host_ifname) is gate:
             del _GATES[slot.host_ifname]
+
+
+def accepting(slot: NetSlot) -> bool:
+    """False while the slot is held (a checkpoint): connections must not be used then."""
+    gate = _GATES.get(slot.host_ifname)
+    return gate is None or gate.open.is_set()
 
 
 def bound_socket(slot: NetSlot) -> socket.socket:
@@ -316,8 +326,22 @@ class GuestConnector:
     """Connections to guests, per slot (the orchestrator's ``GuestConnector``)."""
 
     def __init__(self, *, connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+        from aenv.network.guest_pool import GuestPool  # guest_pool builds on this module
+
         self._connect_timeout = connect_timeout
         self._transports: dict[tuple[int, str], _SharedTransport] = {}
+        self._pool = GuestPool(connect_timeout=connect_timeout)
+
+    async def acquire(self, slot: NetSlot, port: int) -> PooledConnection:
+        """A keep-alive connection to ``guest:port`` behind ``slot`` (see guest_pool.py)."""
+        return await self._pool.acquire(slot, port)
+
+    def release(self, conn: PooledConnection, *, reusable: bool) -> None:
+        self._pool.release(conn, reusable=reusable)
+
+    def pooled(self, slot: NetSlot) -> int:
+        """Open pooled connections to the guest behind ``slot`` (idle or in use)."""
+        return self._pool.count(slot)
 
     def transport(self, slot: NetSlot) -> httpx.AsyncBaseTransport:
         """The cached transport for ``slot`` (created on first use)."""
@@ -338,6 +362,7 @@ class GuestConnector:
 
     async def forget(self, slot: NetSlot) -> None:
         """Close the cached connections of a slot that is being released. Idempotent."""
+        await self._pool.forget(slot)
         shared = self._transports.pop((slot.index, slot.host_ifname), None)
         if shared is not None:
             with contextlib.suppress(Exception):
@@ -345,6 +370,7 @@ class GuestConnector:
 
     async def aclose(self) -> None:
         """Close every cached transport (server shutdown)."""
+        await self._pool.aclose()
         for shared in list(self._transports.values()):
             with contextlib.suppress(Exception):
                 await shared.close_for_real()

@@ -16,6 +16,7 @@ from typing import Protocol
 import httpx
 
 from aenv.network.base import EgressPolicy, NetSlot
+from aenv.network.guest_pool import PooledConnection
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,17 @@ class GuestConnector(Protocol):
         """A connected, non-blocking TCP socket to ``guest:port`` behind ``slot``."""
         ...
 
+    async def acquire(self, slot: NetSlot, port: int) -> PooledConnection:
+        """A keep-alive connection to ``guest:port`` (the proxy's HTTP relay); ``release`` it."""
+        ...
+
+    def release(self, conn: PooledConnection, *, reusable: bool) -> None:
+        """Back to the pool if ``reusable`` and the slot was not forgotten, else closed."""
+        ...
+
     async def forget(self, slot: NetSlot) -> None:
-        """Close cached connections of a slot that is being released."""
+        """Close cached and pooled connections of a slot (released, or being checkpointed),
+        including pooled ones in use."""
         ...
 
     def held(self, slot: NetSlot) -> contextlib.AbstractAsyncContextManager[None]:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 
-import httpx
 from starlette.types import Receive, Scope, Send
 
 from aenv.core.errors import AenvError
@@ -29,25 +28,10 @@ _PASSING = (SandboxState.SNAPSHOTTING, SandboxState.FORKING, SandboxState.RESUMI
 class Proxy:
     def __init__(self, node: Node) -> None:
         self.node = node
-        #: sandbox id → (the guest transport it was made for, client). A pause, snapshot or
-        #: resume replaces the sandbox's transport (new slot, reset connections).
-        self._clients: dict[str, tuple[object, httpx.AsyncClient]] = {}
 
     async def aclose(self) -> None:
-        for _, client in self._clients.values():
-            await client.aclose()
-        self._clients.clear()
-
-    def drop(self, sandbox_id: str) -> None:
-        entry = self._clients.pop(sandbox_id, None)
-        if entry is not None:
-            asyncio.get_running_loop().create_task(entry[1].aclose())
-
-    async def _prune(self) -> None:
-        """Close clients of sandboxes that are gone (a kill needs no request to clean up)."""
-        for sandbox_id in list(self._clients):
-            if await self.node.store.get(sandbox_id) is None:
-                self.drop(sandbox_id)
+        """Nothing of its own: the keep-alive connections to guests are ``node.guests``'s
+        (closed per slot by ``forget``: kill, pause, checkpoint)."""
 
     async def _auto_resume(self, sandbox_id: str) -> SandboxRecord | None:
         """Resume a paused sandbox created with ``autoResume`` because traffic arrived; None
@@ -81,8 +65,6 @@ class Proxy:
                 and record.state in (SandboxState.PAUSED, SandboxState.PAUSING)):
             record = await self._auto_resume(record.sandbox_id)
         if record is None or record.state != SandboxState.RUNNING:
-            if record is None:
-                self.drop(target.sandbox_id)
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})
                 return
@@ -99,21 +81,9 @@ class Proxy:
                 await websocket.relay(scope, receive, send, sock=sock, host=slot.guest_ip,
                                       port=target.port)
                 return
-            transport = self.node.guests.transport(slot)
-            entry = self._clients.get(record.sandbox_id)
-            if entry is None or entry[0] is not transport:
-                if entry is None:
-                    await self._prune()
-                else:
-                    self.drop(record.sandbox_id)
-                client = httpx.AsyncClient(transport=transport,
-                                           timeout=forward.UPSTREAM_TIMEOUT)
-                self._clients[record.sandbox_id] = (transport, client)
-            else:
-                client = entry[1]
             await forward.forward(
-                scope, receive, send, client=client, sandbox_id=record.sandbox_id,
-                host=slot.guest_ip, port=target.port,
+                scope, receive, send, guests=self.node.guests, slot=slot,
+                sandbox_id=record.sandbox_id, port=target.port,
             )
         except forward.ClientDisconnected:
             return

@@ -1,45 +1,64 @@
 """Forward one HTTP request to a guest port and stream the answer back, both ways unbuffered.
 
-Request bodies are passed on as they arrive (chunked uploads, Connect client streams); responses
-are relayed chunk by chunk without decoding (gzip stays gzip). If the upstream breaks after the
-response started — typically because the sandbox was killed — the client connection is dropped,
-which the SDKs turn into "the sandbox was killed or reached its end of life".
+HTTP/1.1 is written and parsed here over a pooled keep-alive connection (network/guest_pool.py)
+instead of through an httpx client: a request costs a header join and a split, no per-request
+client objects. Request bodies are passed on as they arrive (chunked uploads, Connect client
+streams); responses are relayed chunk by chunk without decoding (gzip stays gzip). If the
+upstream breaks after the response started — typically because the sandbox was killed — the
+client connection is dropped, which the SDKs turn into "the sandbox was killed or reached its
+end of life".
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
-import httpx
 from starlette.types import Receive, Scope, Send
 
+from aenv.core.errors import Unavailable
+from aenv.network.base import NetSlot
+from aenv.orchestrator.deps import GuestConnector
 from aenv.proxy.errors import port_not_open
 
 _HOP_BY_HOP = {
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"transfer-encoding", b"upgrade", b"proxy-connection",
 }
-
-#: Streams (command output, watches) may be silent for a long time: no read timeout. Connecting
-#: to a port nobody listens on fails at once with a refusal; the timeout covers a hung guest.
-UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0)
+#: Largest piece read from the guest at once (and so the largest body message sent on).
+READ_SIZE = 65_536
+_NO_BODY_STATUS = (204, 304)
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
 class ClientDisconnected(Exception):
     """The downstream client went away while we were still reading its request body."""
 
 
-def _request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
+class UpstreamBroken(ConnectionError):
+    """The guest closed or broke the connection mid-exchange (an ``OSError``)."""
 
 
-def _has_body(scope: Scope) -> bool:
+def _request_head(scope: Scope) -> tuple[bytes, bool, bool]:
+    """The request line and headers; whether a body follows and whether it is chunked."""
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string", b"")
+    if query:
+        path += b"?" + query
+    lines = [scope["method"].encode() + b" " + path + b" HTTP/1.1"]
+    has_body = chunked = False
     for key, value in scope["headers"]:
-        if key == b"content-length":
-            return bool(value.strip() != b"0")
-        if key == b"transfer-encoding":
-            return True
-    return False
+        name = key.lower()
+        if name == b"content-length":
+            has_body = value.strip() != b"0"
+        elif name == b"transfer-encoding":
+            has_body = chunked = True
+        if name not in _HOP_BY_HOP:
+            lines.append(key + b": " + value)
+    if chunked:
+        lines.append(b"transfer-encoding: chunked")
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines), has_body, chunked
 
 
 async def _body(receive: Receive) -> AsyncIterator[bytes]:
@@ -54,31 +73,116 @@ async def _body(receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
+async def _send_body(receive: Receive, writer: asyncio.StreamWriter, chunked: bool) -> None:
+    async for chunk in _body(receive):
+        writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+        await writer.drain()
+    if chunked:
+        writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, bool, list[tuple[bytes, bytes]]]:
+    """Status, whether the guest keeps the connection, headers (1xx interim answers skipped)."""
+    while True:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            raise UpstreamBroken("the guest closed the connection before answering") from exc
+        lines = head[:-4].split(b"\r\n")
+        version, _, rest = lines[0].partition(b" ")
+        status = int(rest[:3])
+        if 100 <= status < 200 and status != 101:
+            continue
+        headers = []
+        for line in lines[1:]:
+            key, _, value = line.partition(b":")
+            headers.append((key.strip().lower(), value.strip()))
+        return status, version == b"HTTP/1.1", headers
+
+
+async def _relay_body(reader: asyncio.StreamReader, send: Send, length: int | None,
+                      chunked: bool) -> bool:
+    """Stream the response body on; True if the connection may be reused afterwards."""
+    try:
+        if chunked:
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
+                if size == 0:
+                    while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers: dropped
+                        pass
+                    break
+                while size > 0:
+                    piece = await reader.readexactly(min(size, READ_SIZE))
+                    size -= len(piece)
+                    await send({"type": "http.response.body", "body": piece, "more_body": True})
+                await reader.readexactly(2)
+        elif length is not None:
+            while length > 0:
+                piece = await reader.read(min(length, READ_SIZE))
+                if not piece:
+                    raise UpstreamBroken("the guest closed the connection mid-body")
+                length -= len(piece)
+                # The last piece ends the response: one message less for small answers.
+                await send({"type": "http.response.body", "body": piece,
+                            "more_body": length > 0})
+                if length == 0:
+                    return True
+        else:  # delimited by the guest closing the connection
+            while piece := await reader.read(READ_SIZE):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return False
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+        raise UpstreamBroken(f"the guest's response body is broken: {exc!r}") from exc
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return True
+
+
 async def forward(
-    scope: Scope, receive: Receive, send: Send, *, client: httpx.AsyncClient,
-    sandbox_id: str, host: str, port: int,
+    scope: Scope, receive: Receive, send: Send, *, guests: GuestConnector, slot: NetSlot,
+    sandbox_id: str, port: int,
 ) -> None:
-    path = scope.get("raw_path") or scope["path"].encode()
-    query = scope.get("query_string", b"")
-    url = httpx.URL(
-        scheme="http", host=host, port=port,
-        raw_path=path + (b"?" + query if query else b""),
-    )
-    request = client.build_request(
-        scope["method"], url, headers=_request_headers(scope),
-        content=_body(receive) if _has_body(scope) else None,
-    )
-    try:
-        response = await client.send(request, stream=True)
-    except (httpx.ConnectError, httpx.ConnectTimeout):
-        await port_not_open(sandbox_id, port)(scope, receive, send)
-        return
-    try:
-        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP]
-        await send({"type": "http.response.start", "status": response.status_code,
-                    "headers": headers})
-        async for chunk in response.aiter_raw():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    finally:
-        await response.aclose()
+    head, has_body, chunked = _request_head(scope)
+    for attempt in (0, 1):
+        try:
+            conn = await guests.acquire(slot, port)
+        except Unavailable:
+            await port_not_open(sandbox_id, port)(scope, receive, send)
+            return
+        reusable = False
+        try:
+            try:
+                conn.writer.write(head)
+                if has_body:
+                    await _send_body(receive, conn.writer, chunked)
+                status, keep_alive, headers = await _read_head(conn.reader)
+            except (UpstreamBroken, ConnectionError):
+                # A kept-alive connection the guest closed just now: an idempotent request
+                # without a body is safe to send again on a new one (nothing was answered).
+                if (conn.reused and not has_body and attempt == 0
+                        and scope["method"] in _IDEMPOTENT):
+                    continue
+                raise
+            length: int | None = None
+            body_chunked = False
+            out = []
+            for key, value in headers:
+                if key == b"content-length":
+                    length = int(value)
+                elif key == b"transfer-encoding":
+                    body_chunked = b"chunked" in value.lower()
+                elif key == b"connection" and b"close" in value.lower():
+                    keep_alive = False
+                if key not in _HOP_BY_HOP:
+                    out.append((key, value))
+            await send({"type": "http.response.start", "status": status, "headers": out})
+            if scope["method"] == "HEAD" or status in _NO_BODY_STATUS:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                reusable = keep_alive
+            else:
+                reusable = await _relay_body(conn.reader, send, None if body_chunked else length,
+                                             body_chunked) and keep_alive
+            return
+        finally:
+            guests.release(conn, reusable=reusable)
