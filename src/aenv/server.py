@@ -31,6 +31,7 @@ from aenv.core.settings import Settings
 from aenv.envd.bundle import build_bundle
 from aenv.network.guest_http import GuestConnector
 from aenv.network.pool import NetConfig, SlotPool
+from aenv.orchestrator.admission import Admission
 from aenv.orchestrator.builder import Builder
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deaths import DeathWatch
@@ -222,6 +223,9 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         layers=layers, images=images,
         template_store=template_store, build_dir=build_dir,
         host_requirements=catalog.host, workspaces=workspaces,
+        admission=Admission(max_starts=settings.max_concurrent_starts,
+                            max_waiting=settings.max_queued_starts,
+                            retry_after_s=settings.busy_retry_after_s),
     )
     builder = Builder(node, template_store, files_dir=build_dir / "files",
                       scratch_dir=build_dir / "scratch")

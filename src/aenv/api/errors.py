@@ -13,13 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from aenv.core.errors import AenvError
+from aenv.core.errors import AenvError, ResourceExhausted
 
 log = logging.getLogger("aenv.api")
 
 
-def error_body(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status)
+def error_body(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status,
+                        headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -35,7 +36,9 @@ def install(app: FastAPI) -> None:
     async def _domain(request: Request, exc: AenvError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, exc.message)
-        return error_body(exc.http_status, exc.message)
+        retry = exc.retry_after_s if isinstance(exc, ResourceExhausted) else None
+        return error_body(exc.http_status, exc.message,
+                          None if retry is None else {"Retry-After": str(retry)})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -78,6 +78,12 @@ class ResourceExhausted(AenvError):
     http_status = 429
     connect_code = "resource_exhausted"
 
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        #: Whole seconds a client should wait before trying again, sent as ``Retry-After``
+        #: (the E2B SDKs honour it on a 429); None: no such header.
+        self.retry_after_s = retry_after_s
+
 
 class NotEnoughSpace(ResourceExhausted):
     http_status = 507

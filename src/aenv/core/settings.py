@@ -63,6 +63,19 @@ class Settings(BaseSettings):
     max_sandboxes: int = Field(default=200, ge=1)
     """Running sandboxes this node accepts before answering 429."""
 
+    max_concurrent_starts: int = Field(default=4, ge=1)
+    """Creates starting a sandbox (a restore, or a boot) at once; more wait in line. A restore
+    costs ~0.3 s of CPU: four keep two cores busy through each other's waits for envd, where
+    a hundred at once would make every one of them take tens of seconds."""
+
+    max_queued_starts: int = Field(default=32, ge=0)
+    """Creates waiting for a start; one more is answered 429 at once, with ``Retry-After``.
+    Thirty-two behind four starts wait a few seconds, well inside the SDKs' 60 s timeout."""
+
+    busy_retry_after_s: int = Field(default=1, ge=1)
+    """``Retry-After`` (seconds) of a create's 429 (the node at its start or sandbox limit). The
+    E2B SDKs retry a 429 up to three times after that long, so keep it short."""
+
     ttl_check_interval_s: float = Field(default=0.5, gt=0)
     """How often expired sandboxes are looked for."""
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from aenv.core.settings import Settings
 from aenv.orchestrator.activity import Activity
+from aenv.orchestrator.admission import Admission
 from aenv.orchestrator.deps import (
     GuestConnector,
     RootfsManager,
@@ -94,6 +95,8 @@ class Node:
     #: Memory images of sandboxes paused to disk, ``<paused_dir>/<sandbox_id>``.
     paused_dir: Path
     streams: StreamRegistry = field(default_factory=StreamRegistry)
+    #: Bounds the creates starting sandboxes at once and waiting (``admission.py``).
+    admission: Admission = field(default_factory=Admission.unlimited)
     #: Last traffic per sandbox (proxy and API), for the idle auto-pause.
     activity: Activity = field(default_factory=Activity)
     #: Booted sandboxes of the default template waiting to be claimed (None: no pool).

@@ -53,8 +53,9 @@ class CreateParams:
 
 async def create(node: Node, params: CreateParams) -> SandboxRecord:
     template = await node.templates.resolve(params.template)
-    await check_capacity(node)
-    async with layers_present(node, template):
+    # A bounded number start at once, the limit checked for each under the admission's lock.
+    admitted = node.admission.start(lambda starting: check_capacity(node, starting=starting))
+    async with admitted, layers_present(node, template):
         record = await create_from(node, template, params)
     # Built templates count their spawns (E2B's ``spawnCount``); ``base`` and snapshots do not,
     # and their creates skip the write.
@@ -72,10 +73,13 @@ def layers_present(node: Node, template: Template) -> contextlib.AbstractAsyncCo
     return node.images.layers_present(template.layers)
 
 
-async def check_capacity(node: Node, wanted: int = 1) -> int:
+async def check_capacity(node: Node, wanted: int = 1, starting: int = 0) -> int:
     """How many of ``wanted`` sandboxes fit under the node's limit; ``ResourceExhausted`` if
-    not even one does."""
-    free = node.settings.max_sandboxes - await node.store.count(_LIVE)
+    not even one does. ``starting``: admitted creates, some perhaps without a record yet."""
+    live = await node.store.count(_LIVE)
+    if starting:
+        live += max(0, starting - await node.store.count([SandboxState.CREATING]))
+    free = node.settings.max_sandboxes - live
     if free <= 0:
         raise ResourceExhausted(
             f"this node runs its maximum of {node.settings.max_sandboxes} sandboxes"
