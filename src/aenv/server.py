@@ -38,6 +38,7 @@ from aenv.orchestrator.deaths import DeathWatch
 from aenv.orchestrator.gc import run_gc_loop
 from aenv.orchestrator.idle import run_idle_loop
 from aenv.orchestrator.paused_repo import publish_pending
+from aenv.orchestrator.precreated import PrecreatedPool
 from aenv.orchestrator.recover import recover
 from aenv.orchestrator.restore_match import host_requirements
 from aenv.orchestrator.spill import Spiller
@@ -265,6 +266,9 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         warm = WarmPool(node, base, settings.warm_pool_size, settings.warm_pool_low)
         node.warm = warm
         warm.start()
+        precreated = PrecreatedPool(node, settings.precreate_pool_size, base)
+        node.precreated = precreated
+        precreated.start()
         yield node
     finally:
         for task in tasks:
@@ -276,6 +280,9 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         if node.warm is not None:
             with contextlib.suppress(Exception):
                 await warm.close()
+        if node.precreated is not None:
+            with contextlib.suppress(Exception):
+                await node.precreated.close()
         await pool.close()
         await guests.aclose()
         await store.close()

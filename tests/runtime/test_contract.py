@@ -346,6 +346,43 @@ async def test_checkpoint_leaves_the_source_running_and_its_image_restores_elsew
     assert await _statuses(harness, child.sandbox_id) == ["running"]
 
 
+async def test_a_precreated_sandbox_is_created_then_restored_in_place(
+    harness: Harness, tmp_path: Path
+) -> None:
+    source = await _boot(harness)
+    await harness.write_state(source, "saved")
+    image = await harness.runtime.checkpoint(source, tmp_path / "img", leave_running=True)
+
+    spec = harness.spec()
+    slot = await harness.slot()
+    try:
+        pre = await harness.runtime.precreate(spec, slot)
+    except BaseException:
+        await harness.give_back(slot)
+        raise
+    harness.track(pre, spec)
+    assert await _statuses(harness, spec.sandbox_id) == ["created"]
+    child = await harness.runtime.restore_precreated(pre, image)
+    assert child.sandbox_id == spec.sandbox_id and child.net == slot
+    assert await _statuses(harness, child.sandbox_id) == ["running"]
+    assert await harness.read_state(child) == "saved"
+
+    # A failed restore into one destroys it (its slot stays the caller's).
+    (image.path / IMAGE_FILES[-1]).unlink()
+    torn = harness.spec()
+    torn_slot = await harness.slot()
+    try:
+        doomed = await harness.runtime.precreate(torn, torn_slot)
+    except BaseException:
+        await harness.give_back(torn_slot)
+        raise
+    harness.track(doomed, torn)
+    with pytest.raises((FailedPrecondition, RuntimeFailure)):
+        await harness.runtime.restore_precreated(doomed, image)
+    _assert_nothing_left(harness, torn.sandbox_id,
+                         [o.sandbox_id for o in await harness.runtime.observe()])
+
+
 async def test_freeze_thaw_then_a_checkpoint_that_ends_the_source(
     harness: Harness, tmp_path: Path
 ) -> None:

@@ -108,7 +108,10 @@ def start_server(port: int, home: Path | None = None, **settings: str) -> NodeSe
     # AENV_TEST_WORKSPACE=memory|disk: the workspace mode of every server a test does not
     # give one (the suite runs in both).
     mode = os.environ.get("AENV_TEST_WORKSPACE")
-    settings = {**_slot_range(), **({"workspace": mode} if mode else {}), **settings}
+    # Pre-created sandboxes cost every server start ~0.1 s of CPU each: only the tests of
+    # the pool ask for them.
+    settings = {**_slot_range(), "precreate_pool_size": "0",
+                **({"workspace": mode} if mode else {}), **settings}
     CACHE.mkdir(parents=True, exist_ok=True)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))},

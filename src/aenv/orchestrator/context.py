@@ -31,6 +31,7 @@ from aenv.store.templates import TemplateStore
 if TYPE_CHECKING:
     from aenv.orchestrator.builder import Builder
     from aenv.orchestrator.ops.boot import Booted
+    from aenv.orchestrator.precreated import PrecreatedPool
 
 
 class WarmSource(Protocol):
@@ -101,6 +102,8 @@ class Node:
     activity: Activity = field(default_factory=Activity)
     #: Booted sandboxes of the default template waiting to be claimed (None: no pool).
     warm: WarmSource | None = None
+    #: Sandboxes created ahead (not started) for restores of one shape (None: no pool).
+    precreated: PrecreatedPool | None = None
     #: Writes frozen (hot-paused) sandboxes to disk in the background (None: at once, inline).
     spiller: SpillScheduler | None = None
     clock: Callable[[], float] = time.time

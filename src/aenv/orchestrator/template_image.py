@@ -21,17 +21,22 @@ from aenv.core.ids import new_sandbox_id
 from aenv.orchestrator import disk_mode, restore_match
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
+from aenv.orchestrator.envd_process import EnvdProcesses
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.storage.repository import Snapshot, SnapshotDraft
 
 log = logging.getLogger("aenv.orchestrator.template_image")
 
+#: Part of every image id: a new value makes nodes take their template images again (2: the
+#: image is taken after a warm-up command).
+IMAGE_RECIPE = "2"
+
 
 def image_id(node: Node, template: Template) -> str:
     """Named by what makes the image (layer ids, the bundle's version, the runtime, the disk
     size), never by host paths: nodes sharing a repository share the image."""
-    key = "\n".join([template.template_id, *(p.name for p in template.layers),
+    key = "\n".join([IMAGE_RECIPE, template.template_id, *(p.name for p in template.layers),
                      node.envd_bundle.name,
                      restore_match.requirements_key(node.host_requirements),
                      *disk_mode.image_key(node)])
@@ -49,6 +54,7 @@ async def with_memory_image(node: Node, template: Template) -> Template:
         started = time.monotonic()
         booted = await boot_sandbox(node, new_sandbox_id(), template)
         try:
+            await warm_up(node, booted)
             draft = SnapshotDraft(
                 snapshot_id=snapshot_id,
                 kind="template",
@@ -73,6 +79,16 @@ async def with_memory_image(node: Node, template: Template) -> Template:
     # A restored kernel keeps the CPUs and memory it was saved with.
     return replace(template, image=local.image, envd_bundle=local.envd_bundle,
                    cpu_count=m.cpu_count, memory_mb=m.memory_mb, disk_image=local.disk)
+
+
+async def warm_up(node: Node, booted: Booted, token: str | None = None) -> None:
+    """Run what a restored sandbox's first command runs (the SDK's ``bash -l -c``), so the
+    image is taken with bash's files in the sentry's caches and envd's command path warm:
+    a sandbox restored from it does not pay that on the user's first command."""
+    async with EnvdProcesses(node.guests.transport(booted.slot), booted.slot, token) as run:
+        for _ in range(2):
+            await run.run("/bin/bash", ["-l", "-c", "true"], user=booted.template.default_user,
+                          cwd=booted.template.default_workdir, timeout_s=30.0)
 
 
 async def capture(node: Node, booted: Booted, draft: SnapshotDraft,

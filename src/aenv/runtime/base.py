@@ -130,6 +130,26 @@ class Runtime(Protocol):
         """
         ...
 
+    async def precreate(self, spec: SandboxSpec, net: NetSlot) -> Instance:
+        """Pay a restore's fixed start-up ahead: the sandbox ``spec`` describes, created in
+        ``net`` but not started, for a later ``restore_precreated``.
+
+        Prerequisites: as ``boot``. On success: an ``Instance`` that runs nothing yet (it costs
+        its runtime's idle processes); ``destroy`` releases it. On failure: as ``boot``.
+        """
+        ...
+
+    async def restore_precreated(self, instance: Instance, image: MemoryImage) -> Instance:
+        """Start the sandbox ``precreate`` made from ``image``, in the slot and rootfs it was
+        created with.
+
+        Prerequisites: ``instance`` came from ``precreate`` and was not restored yet; ``image``
+        was saved by a sandbox of the same shape (envd bundle, mounts, CPUs, memory).
+        On success: as ``restore``. On failure: raises ``RuntimeFailure``; the instance is
+        destroyed (its slot and rootfs stay the caller's).
+        """
+        ...
+
     async def checkpoint(self, instance: Instance, dest: Path, *, leave_running: bool
                          ) -> MemoryImage:
         """Save the sandbox into ``dest`` (must not exist). ``leave_running``: the sandbox

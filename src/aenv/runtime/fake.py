@@ -130,6 +130,33 @@ class FakeRuntime:
             raise exc
         return self._start(spec, net, memory)
 
+    async def precreate(self, spec: SandboxSpec, net: NetSlot) -> Instance:
+        """Same contract as ``GvisorRuntime.precreate``: the sandbox exists as ``created``."""
+        self._check_start(spec, net)
+        instance = self._start(spec, net, {})
+        self._sandboxes[spec.sandbox_id].status = "created"
+        return instance
+
+    async def restore_precreated(self, instance: Instance, image: MemoryImage) -> Instance:
+        """Same contract as ``GvisorRuntime.restore_precreated``; refuses a sandbox that is not
+        ``created`` (``FailedPrecondition``) and destroys it when the restore fails."""
+        sandbox = self._sandboxes.get(instance.runtime_id)
+        if sandbox is None or sandbox.status != "created":
+            raise FailedPrecondition(f"sandbox {instance.sandbox_id} is not pre-created")
+        try:
+            memory = _read_image(image, sandbox.spec)
+            if self.restore_delay_s:
+                await asyncio.sleep(self.restore_delay_s)
+            if self._fail_next_restore is not None:
+                exc, self._fail_next_restore = self._fail_next_restore, None
+                raise exc
+        except BaseException:
+            await self.destroy(instance)
+            raise
+        sandbox.memory = dict(memory)
+        sandbox.status = "running"
+        return instance
+
     async def checkpoint(self, instance: Instance, dest: Path, *, leave_running: bool
                          ) -> MemoryImage:
         """Save the sandbox's shape and memory into the new directory ``dest``.

@@ -154,6 +154,28 @@ class GvisorRuntime:
         """
         return await self._start(spec, net, image)
 
+    async def precreate(self, spec: SandboxSpec, net: NetSlot) -> Instance:
+        """``runsc create`` of ``spec`` in ``net`` (see ``Runtime.precreate``): the sandbox and
+        gofer processes run, waiting; ~100 ms, paid before any request needs it."""
+        return await self._start(spec, net, None, create_only=True)
+
+    async def restore_precreated(self, instance: Instance, image: MemoryImage) -> Instance:
+        """``runsc restore -detach`` into the container ``precreate`` made (see
+        ``Runtime.restore_precreated``): ~95 ms instead of ~180 ms for a fresh restore."""
+        sid = instance.sandbox_id
+        bundle, logs = self.bundle_dir(sid), self.log_dir(sid)
+        try:
+            with map_runsc_errors(sid, "restore", log=self.console_log(sid)):
+                await self.runsc.restore_detached(
+                    instance.runtime_id, bundle, image.path, log_dir=logs,
+                    console=self.console_log(sid), pid_file=bundle / "sandbox.pid",
+                )
+        except BaseException:
+            await asyncio.shield(self._remove(instance.runtime_id, keep_logs=self.config.keep_logs))
+            raise
+        log.info("restored sandbox %s (pid %s) into its pre-created sandbox", sid, instance.pid)
+        return instance
+
     async def checkpoint(self, instance: Instance, dest: Path, *, leave_running: bool
                          ) -> MemoryImage:
         """Save the sandbox into the new directory ``dest`` (see ``Runtime.checkpoint``)."""
@@ -343,8 +365,8 @@ class GvisorRuntime:
 
     # ---------------------------------------------------------------- internals
 
-    async def _start(self, spec: SandboxSpec, net: NetSlot, image: MemoryImage | None
-                     ) -> Instance:
+    async def _start(self, spec: SandboxSpec, net: NetSlot, image: MemoryImage | None, *,
+                     create_only: bool = False) -> Instance:
         sid = spec.sandbox_id
         if not ids.is_sandbox_id(sid):
             raise InvalidArgument(f"{sid!r} is not a sandbox id (20 characters a-z0-9)")
@@ -364,9 +386,12 @@ class GvisorRuntime:
             self._prepare_bundle(spec, net)
             logs.mkdir(parents=True, exist_ok=True)
             pid_file = bundle / "sandbox.pid"
-            action = "run" if image is None else "restore"
+            action = "create" if create_only else "run" if image is None else "restore"
             with map_runsc_errors(sid, action, log=self.console_log(sid)):
-                if image is None:
+                if create_only:
+                    await self.runsc.create(sid, bundle, log_dir=logs,
+                                            console=self.console_log(sid), pid_file=pid_file)
+                elif image is None:
                     await self.runsc.run_detached(
                         sid, bundle, log_dir=logs, console=self.console_log(sid),
                         pid_file=pid_file,
@@ -381,8 +406,8 @@ class GvisorRuntime:
         except BaseException:
             await asyncio.shield(self._remove(sid, keep_logs=self.config.keep_logs))
             raise
-        log.info("%s sandbox %s (pid %s) in slot %d", "booted" if image is None else "restored",
-                 sid, pid, net.index)
+        done = "created" if create_only else "booted" if image is None else "restored"
+        log.info("%s sandbox %s (pid %s) in slot %d", done, sid, pid, net.index)
         return Instance(sandbox_id=sid, runtime_id=sid, pid=pid, net=net)
 
 

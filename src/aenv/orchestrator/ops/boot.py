@@ -1,8 +1,10 @@
 """Start one sandbox up to "envd answers": slot, rootfs, runtime, readiness.
 
 A template with a memory image is *restored* (envd is already running in the image); one
-without is booted cold. Shared by create, fork and the warm pool. On failure everything
-acquired here is released again before the error propagates.
+without is booted cold. A restore may go into a *pre-created* sandbox (``precreate_sandbox``:
+slot, rootfs and runtime processes made ahead, ``orchestrator/precreated.py``). Shared by
+create, fork, the warm pool and the pre-created pool. On failure everything acquired here is
+released again before the error propagates.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from aenv.network.base import EgressPolicy, NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
+
+if TYPE_CHECKING:
+    from aenv.orchestrator.precreated import Precreated
 
 
 @dataclass
@@ -54,30 +59,44 @@ async def boot_sandbox(
     on_slot: Callable[[NetSlot], Awaitable[None]] | None = None,
     policy: EgressPolicy | None = None,
     root_writes: Literal["memory", "host"] = "memory",
+    precreated: Precreated | None = None,
 ) -> Booted:
-    """Prerequisites: ``sandbox_id`` is new. On success: envd answers ``/health`` in the
-    sandbox (not yet initialised). On failure: nothing of it is left; the error propagates."""
+    """Prerequisites: ``sandbox_id`` is new, or ``precreated`` is a pre-created sandbox of
+    ``template``'s shape with that id (then ``on_slot`` and ``policy`` are the caller's
+    business). On success: envd answers ``/health`` in the sandbox (not yet initialised).
+    On failure: nothing of it is left; the error propagates."""
     lap = _Laps()
     cpu = template.cpu_count or node.settings.default_cpu_count
     memory = template.memory_mb or node.settings.default_memory_mb
-    slot = await node.pool.acquire(policy)
+    bundle = template.envd_bundle or node.envd_bundle
     instance: Instance | None = None
+    if precreated is not None:
+        slot, instance = precreated.slot, precreated.instance
+    else:
+        slot = await node.pool.acquire(policy)
     try:
-        lap("slot")
-        if on_slot is not None:
-            await on_slot(slot)
-        rootfs = await node.rootfs.assemble(sandbox_id, template.layers,
-                                            seed=template.disk_image)
-        lap("rootfs")
-        bundle = template.envd_bundle or node.envd_bundle
-        spec = replace(sandbox_spec(sandbox_id, rootfs, bundle, template, cpu, memory),
-                       root_writes=root_writes)
-        if template.image is None:
-            instance = await node.runtime.boot(spec, slot)
-            lap("boot")
-        else:
-            instance = await node.runtime.restore(MemoryImage.at(template.image), spec, slot)
+        if precreated is not None:
+            assert template.image is not None, "a pre-created sandbox is only restored into"
+            lap("precreated")
+            instance = await node.runtime.restore_precreated(
+                precreated.instance, MemoryImage.at(template.image))
             lap("restore")
+        else:
+            lap("slot")
+            if on_slot is not None:
+                await on_slot(slot)
+            rootfs = await node.rootfs.assemble(sandbox_id, template.layers,
+                                                seed=template.disk_image)
+            lap("rootfs")
+            spec = replace(sandbox_spec(sandbox_id, rootfs, bundle, template, cpu, memory),
+                           root_writes=root_writes)
+            if template.image is None:
+                instance = await node.runtime.boot(spec, slot)
+                lap("boot")
+            else:
+                instance = await node.runtime.restore(MemoryImage.at(template.image), spec,
+                                                      slot)
+                lap("restore")
         async with EnvdClient(node.guests.transport(slot), slot) as envd:
             await envd.wait_ready(
                 node.settings.envd_ready_timeout_s, restored=template.image is not None
@@ -85,7 +104,26 @@ async def boot_sandbox(
         lap("envd_ready")
         return Booted(sandbox_id, template, slot, instance, cpu, memory, bundle, lap.phases)
     except BaseException:
-        await asyncio.shield(_release(node, sandbox_id, slot, instance))
+        await asyncio.shield(release(node, sandbox_id, slot, instance))
+        raise
+
+
+async def precreate_sandbox(node: Node, sandbox_id: str, template: Template
+                            ) -> tuple[NetSlot, Instance]:
+    """A slot, ``template``'s rootfs and a runtime sandbox created in them but not started
+    (``Runtime.precreate``), for a later restore of an image of ``template``'s shape.
+    On failure: nothing of it is left; the error propagates."""
+    cpu = template.cpu_count or node.settings.default_cpu_count
+    memory = template.memory_mb or node.settings.default_memory_mb
+    slot = await node.pool.acquire(None)
+    try:
+        rootfs = await node.rootfs.assemble(sandbox_id, template.layers,
+                                            seed=template.disk_image)
+        bundle = template.envd_bundle or node.envd_bundle
+        spec = sandbox_spec(sandbox_id, rootfs, bundle, template, cpu, memory)
+        return slot, await node.runtime.precreate(spec, slot)
+    except BaseException:
+        await asyncio.shield(release(node, sandbox_id, slot, None))
         raise
 
 
@@ -104,9 +142,11 @@ def sandbox_spec(
     )
 
 
-async def _release(
+async def release(
     node: Node, sandbox_id: str, slot: NetSlot, instance: Instance | None
 ) -> None:
+    """Destroy what ``boot_sandbox`` or ``precreate_sandbox`` made; errors are swallowed
+    (recovery removes what is left)."""
     with contextlib.suppress(Exception):
         if instance is not None:
             await node.runtime.destroy(instance)
@@ -119,4 +159,4 @@ async def _release(
 
 async def discard(node: Node, booted: Booted) -> None:
     """Destroy a booted sandbox nobody claimed."""
-    await _release(node, booted.sandbox_id, booted.slot, booted.instance)
+    await release(node, booted.sandbox_id, booted.slot, booted.instance)

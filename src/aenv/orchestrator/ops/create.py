@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aenv.core.errors import ResourceExhausted
 from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
@@ -26,9 +26,12 @@ from aenv.orchestrator.deps import Template
 from aenv.orchestrator.egress import policy_from
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import instance_json
-from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard
+from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, release
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.store.models import SandboxRecord
+
+if TYPE_CHECKING:
+    from aenv.orchestrator.precreated import Precreated
 
 log = logging.getLogger("aenv.orchestrator")
 
@@ -92,9 +95,19 @@ async def create_from(node: Node, template: Template, params: CreateParams) -> S
     parent's memory image). Contract: as the module's."""
     policy = policy_from(params.allow_internet_access, params.network)
     warm = node.warm.take(template) if node.warm is not None else None
+    pre = None
+    if warm is None and template.image is not None and node.precreated is not None:
+        pre = node.precreated.take(template)
+    with node.precreated.busy() if node.precreated is not None else contextlib.nullcontext():
+        return await _create(node, template, params, policy, warm, pre)
+
+
+async def _create(node: Node, template: Template, params: CreateParams, policy: EgressPolicy,
+                  warm: Booted | None, pre: Precreated | None) -> SandboxRecord:
     now = node.clock()
+    claimed = warm or pre
     record = SandboxRecord(
-        sandbox_id=warm.sandbox_id if warm else new_sandbox_id(),
+        sandbox_id=claimed.sandbox_id if claimed else new_sandbox_id(),
         template_id=template.template_id,
         alias=template.alias,
         state=SandboxState.CREATING,
@@ -114,20 +127,24 @@ async def create_from(node: Node, template: Template, params: CreateParams) -> S
         allow_internet_access=params.allow_internet_access,
         network=params.network,
         instance=(instance_json(warm.slot, warm.instance, envd_bundle=warm.envd_bundle)
-                  if warm else None),
+                  if warm else instance_json(pre.slot, pre.instance) if pre else None),
     )
     try:
         await node.store.insert(record)
     except BaseException:
         if warm is not None:
             await asyncio.shield(discard(node, warm))
+        if pre is not None:
+            await asyncio.shield(release(node, pre.sandbox_id, pre.slot, pre.instance))
         raise
     from_pool = warm is not None
     try:
         if warm is None:
+            if pre is not None and policy != EgressPolicy():
+                await node.pool.set_egress(pre.slot, policy)
             warm = await boot_sandbox(
                 node, record.sandbox_id, template, on_slot=partial(_persist_slot, node, record),
-                policy=policy,
+                policy=policy, precreated=pre,
             )
             record = await node.store.require(record.sandbox_id)
             record = await node.store.update(record, instance=instance_json(
@@ -168,8 +185,8 @@ async def _initialise(
     )
     init_ms = (time.monotonic() - started) * 1000
     phases = {"init": init_ms} if from_pool else {**booted.phases, "init": init_ms}
-    log.info("created %s (%s) in %.0f ms: %s", record.sandbox_id,
-             "warm" if from_pool else "cold", sum(phases.values()),
+    how = "warm" if from_pool else "pre-created" if "precreated" in phases else "cold"
+    log.info("created %s (%s) in %.0f ms: %s", record.sandbox_id, how, sum(phases.values()),
              ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
     return record
 

@@ -19,6 +19,7 @@ A crash mid-fork leaves ``creating`` children (torn down by recovery) and a stag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -70,7 +71,8 @@ async def fork(node: Node, sandbox_id: str, count: int, timeout_s: int | None
     except ResourceExhausted as exc:
         return [ForkResult(error=exc) for _ in range(count)]
     record = await node.store.update(record, state=SandboxState.FORKING)
-    return await asyncio.shield(_fork(node, record, count, fits, timeout))
+    with node.precreated.busy() if node.precreated is not None else contextlib.nullcontext():
+        return await asyncio.shield(_fork(node, record, count, fits, timeout))
 
 
 async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeout: int
@@ -104,6 +106,10 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
         outcomes = await asyncio.gather(
             *(create_from(node, template, params) for _ in range(fits)), return_exceptions=True
         )
+        if node.precreated is not None and seed is None:
+            # The next fork of this family finds its children created ahead. (A disk seed is
+            # deleted below: nothing can be created on it ahead.)
+            node.precreated.want(template)
     finally:
         await node.repository.discard(staged)
         if seed is not None:

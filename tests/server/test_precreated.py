@@ -1,0 +1,123 @@
+"""Pre-created sandboxes (``orchestrator/precreated.py``) through the official SDK.
+
+A node keeps sandboxes ``runsc create``d ahead for the shape of the last fork (before any
+fork: the base template's). A fork takes them for as many children as it finds and restores
+the rest afresh; both kinds of child must carry the parent's files and running process, have
+their own identity, and be left behind by nothing once killed. With disk workspaces a fork
+child's disk exists only from the fork on, so there the pool serves template creates.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from e2b import Sandbox
+
+from tests.server.harness import NodeServer, leaked_sandboxes, serving
+
+pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.timeout(600)]
+
+_PRECREATED = re.compile(r"created sandbox (\w+) \(pid \d+\) in slot")
+_CHILD = re.compile(r"created (\w+) \((warm|pre-created|cold)\)")
+COUNT = "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' " \
+        ">/dev/null 2>&1 &"
+
+
+def _wait_precreated(node: NodeServer, at_least: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(_PRECREATED.findall(node.log())) < at_least:
+        assert time.monotonic() < deadline, f"fewer than {at_least} sandboxes were pre-created"
+        time.sleep(0.2)
+    time.sleep(0.3)  # the last one is in the pool once its log line is written
+
+
+def _how_created(node: NodeServer, sandbox_ids: list[str]) -> dict[str, str]:
+    found = {sid: how for sid, how in _CHILD.findall(node.log())}
+    return {sid: found.get(sid, "?") for sid in sandbox_ids}
+
+
+def _check_child(child: Sandbox, parent_id: str, nonce: str) -> None:
+    assert child.sandbox_id != parent_id
+    assert child.files.read("/home/user/nonce") == nonce
+    first = int(child.files.read("/tmp/count").strip())
+    time.sleep(0.4)
+    assert int(child.files.read("/tmp/count").strip()) > first  # the process runs on
+    child.files.write("/home/user/own", child.sandbox_id)
+    assert child.commands.run("cat /home/user/own").stdout == child.sandbox_id
+
+
+def test_fork_draws_from_the_pool_then_restores_the_rest_afresh() -> None:
+    with serving(workspace="memory", warm_pool_size="0", precreate_pool_size="3") as node:
+        _wait_precreated(node, 3)
+        parent = Sandbox.create(timeout=300)  # takes one: the pool holds the base's shape
+        assert _how_created(node, [parent.sandbox_id]) == {parent.sandbox_id: "pre-created"}
+        _wait_precreated(node, 4)
+        nonce = f"n-{time.time_ns()}"
+        parent.files.write("/home/user/nonce", nonce)
+        parent.commands.run(COUNT)
+        time.sleep(0.3)
+        children = parent.fork(count=5, timeout=120)
+        assert all(isinstance(c, Sandbox) for c in children), children
+        how = _how_created(node, [c.sandbox_id for c in children])
+        assert sorted(how.values()) == ["cold", "cold", "pre-created", "pre-created",
+                                        "pre-created"], how
+        for child in children:
+            _check_child(child, parent.sandbox_id, nonce)
+        # Each child's files are its own.
+        assert children[0].files.read("/home/user/own") == children[0].sandbox_id
+        assert not parent.files.exists("/home/user/own")
+
+        # The pool refills for the fork's shape once nothing runs; a second fork uses it.
+        _wait_precreated(node, 7)
+        again = parent.fork(count=2, timeout=120)
+        how = _how_created(node, [c.sandbox_id for c in again])
+        assert set(how.values()) == {"pre-created"}, how
+        for child in again:
+            _check_child(child, parent.sandbox_id, nonce)
+        for sbx in [parent, *children, *again]:
+            sbx.kill()
+    assert not leaked_sandboxes(node.home)
+
+
+def test_with_an_empty_pool_a_fork_restores_every_child_afresh() -> None:
+    with serving(workspace="memory", warm_pool_size="0", precreate_pool_size="0") as node:
+        parent = Sandbox.create(timeout=300)
+        nonce = f"n-{time.time_ns()}"
+        parent.files.write("/home/user/nonce", nonce)
+        parent.commands.run(COUNT)
+        time.sleep(0.3)
+        children = parent.fork(count=2, timeout=120)
+        how = _how_created(node, [c.sandbox_id for c in children])
+        assert set(how.values()) == {"cold"}, how
+        for child in children:
+            _check_child(child, parent.sandbox_id, nonce)
+        for sbx in [parent, *children]:
+            sbx.kill()
+    assert not leaked_sandboxes(node.home)
+
+
+def test_disk_workspaces_use_the_pool_for_template_creates_and_fork_without_it() -> None:
+    with serving(workspace="disk", warm_pool_size="0", precreate_pool_size="2") as node:
+        _wait_precreated(node, 2)
+        created = [Sandbox.create(timeout=300) for _ in range(3)]
+        how = _how_created(node, [s.sandbox_id for s in created])
+        # The pool may refill between two creates: at least its two were used.
+        assert list(how.values()).count("pre-created") >= 2, how
+        for sbx in created:
+            sbx.files.write("/home/user/mine", sbx.sandbox_id)
+            assert sbx.commands.run("cat /home/user/mine").stdout == sbx.sandbox_id
+        parent = created[0]
+        parent.commands.run(COUNT)
+        nonce = f"n-{time.time_ns()}"
+        parent.files.write("/home/user/nonce", nonce)
+        time.sleep(0.3)
+        children = parent.fork(count=2, timeout=120)
+        how = _how_created(node, [c.sandbox_id for c in children])
+        assert set(how.values()) == {"cold"}, how  # the disk seed of a fork is new
+        for child in children:
+            _check_child(child, parent.sandbox_id, nonce)
+        for sbx in [*created, *children]:
+            sbx.kill()
+    assert not leaked_sandboxes(node.home)
