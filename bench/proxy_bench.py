@@ -226,8 +226,9 @@ def ws_bench(server: NodeServer, sandbox_id: str, ifname: str, messages: int) ->
 def start_guest_servers(sandbox: Sandbox) -> None:
     sandbox.files.write("/tmp/ws_echo.py", _WS_ECHO.replace("PORT", str(WS_PORT)))
     sandbox.commands.run(f"python3 -m http.server {HTTP_PORT} --bind 0.0.0.0 -d /tmp "
-                         ">/dev/null 2>&1", background=True)
-    sandbox.commands.run("python3 /tmp/ws_echo.py >/tmp/ws.log 2>&1", background=True)
+                         ">/dev/null 2>&1", background=True, timeout=0)
+    sandbox.commands.run("python3 /tmp/ws_echo.py >/tmp/ws.log 2>&1", background=True,
+                         timeout=0)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         check = sandbox.commands.run(
