@@ -26,6 +26,7 @@ from typing import Any
 
 from tests.server.harness import BUNDLE
 
+import bench.lifecycle.bare as lb_bare
 import bench.lifecycle_bench as lb
 from bench.node_bench import sandbox_pids
 
@@ -71,7 +72,7 @@ def cpu_ticks(pids: set[int]) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    lb.BUNDLE = args.bundle.resolve()  # type: ignore[attr-defined]  # BareEnvd mounts it
+    lb_bare.BUNDLE = args.bundle.resolve()  # BareEnvd mounts it
     pool = IdleSandboxes(args.layer, args.init, args.flag)
     ids: list[str] = []
     image: Path | None = None
