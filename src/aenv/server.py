@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import uvicorn
@@ -65,6 +66,9 @@ from aenv.store.templates import TemplateStore
 from aenv.templates.catalog import TemplateCatalog
 
 log = logging.getLogger("aenv.server")
+
+#: Threads of the event loop's default executor (``asyncio.to_thread``).
+EXECUTOR_THREADS = 48
 console = Console(stderr=True)
 
 
@@ -318,6 +322,11 @@ def take_locks(settings: Settings) -> list[HeldLock]:
 async def serve(settings: Settings) -> None:
     """Run the node until SIGTERM or SIGINT. Prerequisites: ``take_locks`` succeeded."""
     key = api_key_for(settings)
+    # asyncio's default executor has cpu + 4 threads (6 here): a fork's 16 children queue
+    # their clones, fsyncs and mount-record writes behind each other in it. The work is
+    # waiting on disks and the kernel, not CPU, so more threads cost nothing.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=EXECUTOR_THREADS, thread_name_prefix="aenv-io"))
     async with running_node(settings) as node:
         proxy = Proxy(node)
         app = NodeApp(build_api(node, key), proxy)

@@ -106,6 +106,8 @@ class WorkspaceStore:
         #: Room kept free for the pool filesystem's own metadata (XFS log, extent maps).
         self.reserve_bytes = reserve_mb << 20
         self._admit = asyncio.Lock()
+        #: Bytes of clones admitted and not yet linked (the space check counts them).
+        self._pending_bytes = 0
         self._blank_locks: collections.defaultdict[int, asyncio.Lock] = collections.defaultdict(
             asyncio.Lock
         )
@@ -433,17 +435,21 @@ class WorkspaceStore:
             raise NotReflinkable(f"workspace pool {self.pool.path} cannot clone images")
         if target.exists():
             raise AlreadyExists(f"{target} already exists")
+        # The space check and the reservation under the lock, the clone outside it: the 16
+        # children of a fork clone at once instead of one after another (~7 ms each here).
         async with self._admit:
             st = source.stat()
-            self._check_space(st.st_size if writable else st.st_blocks * 512)
+            wanted = st.st_size if writable else st.st_blocks * 512
+            self._check_space(wanted + self._pending_bytes)
+            self._pending_bytes += wanted
+        try:
             tmp = self._staging_path(target.name)
             try:
                 if self.pool.state.reflink:
-                    await asyncio.to_thread(ficlone, source, tmp)
+                    await asyncio.to_thread(_clone_linked, source, tmp, target)
                 else:  # only blanks (copy_ok): a sparse copy of a fresh mkfs is small
                     await proc.run(["cp", "--sparse=always", str(source), str(tmp)])
-                # link(2), unlike rename(2), never replaces a target created meanwhile.
-                os.link(tmp, target)
+                    await asyncio.to_thread(_link_durably, tmp, target)
             except FileExistsError:
                 raise AlreadyExists(f"{target} already exists") from None
             except OSError as exc:
@@ -453,7 +459,8 @@ class WorkspaceStore:
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
-            fsync_dirs(target.parent)
+        finally:
+            self._pending_bytes -= wanted
 
     def _check_space(self, new_bytes: int) -> None:
         capacity = self.pool.capacity_bytes()
@@ -473,6 +480,18 @@ class WorkspaceStore:
             raise NotEnoughSpace(
                 f"workspace pool {self.pool.path} has {self.pool.free_bytes() >> 20} MiB free, "
                 f"less than the {headroom >> 20} MiB kept for its running sandboxes")
+
+
+def _clone_linked(source: Path, tmp: Path, target: Path) -> None:
+    ficlone(source, tmp)
+    _link_durably(tmp, target)
+
+
+def _link_durably(tmp: Path, target: Path) -> None:
+    # link(2), unlike rename(2), never replaces a target created meanwhile. The directory's
+    # fsync in this thread too: on the event loop it stalled every request for its duration.
+    os.link(tmp, target)
+    fsync_dirs(target.parent)
 
 
 def _fsync_file(path: Path) -> None:
