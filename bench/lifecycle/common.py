@@ -111,10 +111,15 @@ class Row:
     def measured(self) -> float | None:
         return self.latency.p50_ms if self.latency is not None else self.value
 
+    #: The target is a floor (``>=``), not a ceiling.
+    at_least: bool = False
+
     @property
     def passed(self) -> bool | None:
         if self.target is None or self.measured is None:
             return None
+        if self.at_least:
+            return self.measured >= self.target - 1e-9
         return self.measured <= self.target + 1e-9
 
 

@@ -28,7 +28,6 @@ from bench.lifecycle.common import (
     run_true,
 )
 from bench.lifecycle.node import (
-    PRECREATE_POOL,
     LifecycleNode,
 )
 from bench.node_bench import (
@@ -137,14 +136,14 @@ def measure_fork(
 ) -> None:
     """Fork x N of one sandbox, each run interleaved with the bare equivalents (for x16 also
     into pre-created bare sandboxes). Before each timed fork the node's pre-created pool is
-    refilled (from the log): the first fork of a parent switches the pool to its shape (memory
-    workspaces; disk-workspace forks cannot use one), later ones take from it. ``prefix``
+    refilled (from the log: as many made since the last fork as it took; a parent of the
+    template's shape, as here, keeps the pool's shape; disk-workspace forks take none). ``prefix``
     keys the samples of a second node (its rows are labelled with its workspace mode)."""
     parent = node.create()
     pid = parent.sandbox_id
     bare_parent, _ = bare.restore(template)
     mode = f"{node.workspace} workspaces"
-    since, needed, first = node.precreated_made(), 0, True
+    since, needed = node.precreated_made(), 0
     try:
         run_true(parent)
         bare.exec(bare_parent, "/bin/true")
@@ -161,9 +160,10 @@ def measure_fork(
                 run = node_fork(node, parent, count)
                 call_ms, all_ms, kids = run.call_ms, run.all_ms, run.kids
                 created = node.created()
-                taken = sum(int(created.get(k.sandbox_id, {}).get("precreated", 0)) for k in kids)
-                needed = taken + (PRECREATE_POOL if first and node.workspace == "memory" else 0)
-                first = False
+                taken = sum(
+                    int(created.get(k.sandbox_id, {}).get("from_precreated", 0)) for k in kids
+                )
+                needed = taken
                 # Idle children cost ~5 % of a core each: gone before the bare runs.
                 kill_all(kids)
                 b_ckpt, b_all = bare_fork(bare, bare_parent, count)

@@ -50,6 +50,7 @@ from bench.lifecycle.node import (
     PRECREATE_POOL,
     LifecycleNode,
     start_node,
+    stop_lifecycle_node,
 )
 from bench.lifecycle.pause import (
     measure_pause,
@@ -69,7 +70,6 @@ from bench.node_bench import (
     SERVER_LOG_LINES,
     ms_since,
     runsc_version,
-    stop_node,
     sweep_slots,
 )
 
@@ -83,7 +83,7 @@ def fork_on_memory_node(report: Report, bare: BareEnvd, template: Path, runs: in
     try:
         measure_fork(report, node, bare, template, {16: runs}, prefix="memory_")
     finally:
-        stop_node(node, report.errors)
+        stop_lifecycle_node(node, report.errors)
         leaked = kill_leaked(node.server.home)
         if leaked:
             report.errors.append(f"memory node: killed {len(leaked)} leaked runsc processes")
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             bare.close()
         if node is not None:
             kept = [line for line in node.server.log().splitlines() if KEEP_LOG_RE.search(line)]
-            stop_node(node, report.errors)
+            stop_lifecycle_node(node, report.errors)
             leaked = kill_leaked(node.server.home)
             if leaked:
                 report.errors.append(f"killed {len(leaked)} leaked runsc processes")
