@@ -84,6 +84,9 @@ from bench.envd_bench import (
     time_interleaved,
 )
 
+#: Bare sandboxes run on the node's default platform, as its own do.
+NODE_PLATFORM = str(Settings.model_fields["runsc_platform"].default)
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "node.json"
 MIB = 1024 * 1024
@@ -401,7 +404,8 @@ class BareRunsc:
         self.rootfs = self.dir / "merged"
         self.cpu_count = cpu_count
         self.memory_mb = memory_mb
-        self.flags = RunscConfig(root=self.dir / "root", network="none").global_flags()
+        self.flags = RunscConfig(root=self.dir / "root", network="none",
+                                 platform=NODE_PLATFORM).global_flags()
         self.count = 0
 
     def _config(self, cid: str) -> dict[str, Any]:

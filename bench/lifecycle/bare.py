@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tests.server.harness import BUNDLE as HARNESS_BUNDLE
 
+from aenv.core.settings import Settings
 from aenv.network.base import NetSlot
 from aenv.runtime import oci
 from aenv.runtime.base import ENVD_PORT, SandboxSpec
@@ -24,6 +25,9 @@ from bench.node_bench import (
     _remove_cgroups,
     ms_since,
 )
+
+#: Bare sandboxes run on the node's default platform, as its own do.
+NODE_PLATFORM = str(Settings.model_fields["runsc_platform"].default)
 
 #: The envd bundle the sandboxes mount (bench/envd_idle.py points it at another one).
 BUNDLE: Path = HARNESS_BUNDLE
@@ -49,7 +53,8 @@ class BareEnvd:
         self.lowers = lowers
         self.cpu_count = cpu_count
         self.memory_mb = memory_mb
-        self.flags = RunscConfig(root=self.dir / "root", network="none").global_flags()
+        self.flags = RunscConfig(root=self.dir / "root", network="none",
+                                 platform=NODE_PLATFORM).global_flags()
         self.count = 0
         self.mounts: dict[str, Path] = {}  # cid → its merged rootfs
         self.live: set[str] = set()

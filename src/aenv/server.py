@@ -203,7 +203,8 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         state_dir=settings.home / "runtime",
         # Disk workspaces: the root's writes go through the gofer to the host overlay (whose
         # upper is the sandbox's disk image); /tmp stays in sandbox memory.
-        overlay2="none" if disk else "root:memory", tmp_in_memory=disk))
+        overlay2="none" if disk else "root:memory", tmp_in_memory=disk,
+        platform=settings.runsc_platform))
     catalog.host = await host_requirements(runtime)
     workspaces = await open_workspaces(settings) if disk else None
     if workspaces is not None:

@@ -184,6 +184,14 @@ class Settings(BaseSettings):
     build_ready_timeout_s: float = Field(default=300.0, gt=0)
     """How long a template's ready command may take to succeed after its start command."""
 
+    runsc_platform: Literal["systrap", "ptrace"] = "ptrace"
+    """gVisor's platform (how the sentry traps the guest's system calls). ``ptrace``: an idle
+    sandbox costs ~0 % of a core and ~18 MiB less than on ``systrap``, whose stubs and sentry
+    poll ~1,700 times a second (~2-5 % of a core per idle sandbox); on this kind of VM ptrace
+    also ran commands faster (docs/lifecycle.md, *Limits*). On hosts where system calls are
+    cheap, systrap may run busy sandboxes faster: measure. Memory images are tied to the
+    platform that took them (a node takes its template images again)."""
+
     workspace: Literal["memory", "disk"] = "disk"
     """Where a sandbox's written files live. ``disk``: in a disk image of its own of
     ``disk_size_mb`` (writes past it fail with ENOSPC), on a reflink-capable pool under
