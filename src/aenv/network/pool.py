@@ -115,12 +115,15 @@ class SlotPool:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        while self._ready:
-            slot = self._ready.popleft()
-            try:
-                await self._destroy(slot.index)
-            except AenvError as exc:
-                log.warning("could not remove ready slot %d: %s", slot.index, exc.message)
+        ready, self._ready = list(self._ready), deque()
+        # At once, as concurrent releases do: one after another took ~1 s at every stop.
+        await asyncio.gather(*(self._destroy_ready(slot.index) for slot in ready))
+
+    async def _destroy_ready(self, index: int) -> None:
+        try:
+            await self._destroy(index)
+        except AenvError as exc:
+            log.warning("could not remove ready slot %d: %s", index, exc.message)
 
     # ---------------------------------------------------------------- slots for sandboxes
 
