@@ -383,6 +383,40 @@ async def test_a_precreated_sandbox_is_created_then_restored_in_place(
                          [o.sandbox_id for o in await harness.runtime.observe()])
 
 
+async def test_a_precreated_sandbox_restored_as_another_id_is_that_sandbox(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """A resume into a pre-created sandbox: the instance has the resumed id and keeps the
+    runtime's; observe, freeze, checkpoint and destroy all know it by the resumed id."""
+    source = await _boot(harness)
+    await harness.write_state(source, "resumed")
+    image = await harness.runtime.checkpoint(source, tmp_path / "img", leave_running=True)
+    spec = harness.spec()
+    slot = await harness.slot()
+    try:
+        pre = await harness.runtime.precreate(spec, slot)
+    except BaseException:
+        await harness.give_back(slot)
+        raise
+    harness.track(pre, spec)
+    resumed_id = ids.new_sandbox_id()
+    resumed = await harness.runtime.restore_precreated(pre, image, sandbox_id=resumed_id)
+    assert (resumed.sandbox_id, resumed.runtime_id) == (resumed_id, pre.runtime_id)
+    assert await harness.read_state(resumed) == "resumed"
+    observed = {o.sandbox_id: o for o in await harness.runtime.observe()}
+    assert spec.sandbox_id not in observed
+    assert (observed[resumed_id].runtime_id, observed[resumed_id].status) == (
+        pre.runtime_id, "running")
+    await harness.runtime.freeze(resumed)
+    assert await _statuses(harness, resumed_id) == ["paused"]
+    await harness.runtime.thaw(resumed)
+    await harness.runtime.checkpoint(resumed, tmp_path / "again", leave_running=True)
+    await harness.runtime.destroy(resumed)
+    _assert_nothing_left(harness, resumed_id,
+                         [o.sandbox_id for o in await harness.runtime.observe()])
+    _assert_nothing_left(harness, spec.sandbox_id, [])
+
+
 async def test_freeze_thaw_then_a_checkpoint_that_ends_the_source(
     harness: Harness, tmp_path: Path
 ) -> None:

@@ -15,7 +15,7 @@ import time
 import pytest
 from e2b import Sandbox
 
-from tests.server.harness import NodeServer, leaked_sandboxes, serving
+from tests.server.harness import NodeServer, leaked_sandboxes, serving, start_server
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -120,4 +120,68 @@ def test_disk_workspaces_use_the_pool_for_template_creates_and_fork_without_it()
             _check_child(child, parent.sandbox_id, nonce)
         for sbx in [*created, *children]:
             sbx.kill()
+    assert not leaked_sandboxes(node.home)
+
+
+_RESTORED_INTO = re.compile(r"restored sandbox (\w+) \(pid \d+\) into pre-created sandbox (\w+)")
+
+
+def _paused_to_disk(node: NodeServer, sandbox_id: str, times: int = 1,
+                    timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while node.log().count(f"paused {sandbox_id} to disk") < times:
+        assert time.monotonic() < deadline, f"{sandbox_id} was not paused to disk"
+        time.sleep(0.2)
+
+
+def _check_resumed(sbx: Sandbox, nonce: str) -> None:
+    assert sbx.files.read("/home/user/nonce") == nonce
+    first = int(sbx.files.read("/tmp/count").strip())
+    time.sleep(0.4)
+    assert int(sbx.files.read("/tmp/count").strip()) > first  # the process runs on
+
+
+def test_a_resume_from_disk_takes_a_precreated_sandbox_and_survives_a_crash() -> None:
+    """With memory workspaces a paused sandbox's restore goes into a pre-created sandbox of
+    its shape, which then *is* the sandbox (runsc's id stays the pre-created one's): it
+    pauses and resumes again, is found again by a restarted node, and leaves nothing."""
+    settings = {"workspace": "memory", "warm_pool_size": "0", "precreate_pool_size": "2",
+                "pause_hot_s": "0"}
+    with serving(**settings) as node:
+        _wait_precreated(node, 2)
+        sbx = Sandbox.create(timeout=300)
+        sid = sbx.sandbox_id
+        nonce = f"n-{time.time_ns()}"
+        sbx.files.write("/home/user/nonce", nonce)
+        sbx.commands.run(COUNT)
+        time.sleep(0.3)
+        _wait_precreated(node, 3)  # refilled after the create took one
+
+        assert sbx.pause()
+        _paused_to_disk(node, sid)
+        again = Sandbox.connect(sid, timeout=300)
+        into = dict(_RESTORED_INTO.findall(node.log()))
+        assert sid in into and into[sid] != sid, "the resume did not use a pre-created sandbox"
+        _check_resumed(again, nonce)
+        assert not (node.home / "sandboxes" / into[sid]).exists()
+        assert not (node.home / "runtime" / into[sid]).exists()
+        assert (node.home / "runtime" / sid / "bundle" / "container-id").read_text() == into[sid]
+
+        # Paused and resumed again: the driver finds its files under the sandbox's id.
+        _wait_precreated(node, 4)
+        assert again.pause()
+        _paused_to_disk(node, sid, times=2)
+        again = Sandbox.connect(sid, timeout=300)
+        _check_resumed(again, nonce)
+
+        # A node killed and started again finds the sandbox by its id, not runsc's.
+        node.kill9()
+        slots = {k: node.env[f"AENV_{k.upper()}"] for k in ("net_first_index", "net_last_index")}
+        restarted = start_server(node.port, home=node.home, **slots, **settings)
+        node.process = restarted.process
+        assert sid in {i.sandbox_id for i in Sandbox.list().next_items()}
+        _check_resumed(Sandbox.connect(sid, timeout=300), nonce)
+        Sandbox.kill(sid)
+        assert not (node.home / "sandboxes" / sid).exists()
+        assert not (node.home / "runtime" / sid).exists()
     assert not leaked_sandboxes(node.home)

@@ -90,6 +90,11 @@ class RootfsManager(Protocol):
         """Re-mount a sandbox's rootfs (same lowers as recorded at assemble) if it is not."""
         ...
 
+    async def adopt(self, sandbox_id: str, donor_id: str) -> Path:
+        """Make the mounted rootfs of ``donor_id`` (same lowers) ``sandbox_id``'s, with all
+        of the donor's directory; ``Conflict`` (nothing changed) when it cannot."""
+        ...
+
 
 class GuestConnector(Protocol):
     def transport(self, slot: NetSlot) -> httpx.AsyncBaseTransport:

@@ -9,11 +9,15 @@ sandbox are made of), the shape of the last fork (or, before any, the default te
 the next fork of that family, or a create of that template the warm pool cannot serve, starts
 from one.
 
-A pre-created sandbox has its id already (runsc's container id cannot change), so it serves
-new sandboxes only: fork children and creates, not a resume from disk (whose id is fixed).
-With disk workspaces a fork child's disk is a clone of its parent's disk taken at the fork,
-which does not exist when the sandbox would have to be created (the gofer binds the rootfs at
-``create``): only template shapes, whose disk seed is the template's, are pre-created there.
+A pre-created sandbox has an id already (runsc's container id cannot change). A fork child or
+a create takes that id; a resume from disk, whose id is fixed, keeps runsc's id as the
+instance's ``runtime_id`` and takes over the pre-created sandbox's rootfs directory
+(``RootfsStore.adopt``; the driver moves its bundle and logs), so it is the resumed sandbox's
+from then on. That works with
+memory workspaces only: with disk workspaces the rootfs is the sandbox's own disk, which the
+gofer would have to bind at ``create``. For the same reason a fork child's disk there is a
+clone of its parent's taken at the fork, which does not exist when the sandbox would have to be
+created: only template shapes, whose disk seed is the template's, are pre-created there.
 
 The pool refills one sandbox at a time and only while no create or fork runs on the node
 (``busy``): a refill competing with a fork's restores for the same cores would slow the fork.
@@ -109,10 +113,11 @@ class PrecreatedPool:
 
     def take(self, template: Template) -> Precreated | None:
         """A pre-created sandbox of ``template``'s shape, or None (then restore afresh)."""
-        if not self._ready:
-            return None
-        shape = shape_of(self.node, template)
-        if self._ready[0].shape != shape:
+        return self.take_shape(shape_of(self.node, template)) if self._ready else None
+
+    def take_shape(self, shape: Shape) -> Precreated | None:
+        """A pre-created sandbox of ``shape``, or None."""
+        if not self._ready or self._ready[0].shape != shape:
             return None
         taken = self._ready.popleft()
         self._wake.set()

@@ -139,14 +139,20 @@ class Runtime(Protocol):
         """
         ...
 
-    async def restore_precreated(self, instance: Instance, image: MemoryImage) -> Instance:
+    async def restore_precreated(self, instance: Instance, image: MemoryImage, *,
+                                 sandbox_id: str | None = None) -> Instance:
         """Start the sandbox ``precreate`` made from ``image``, in the slot and rootfs it was
-        created with.
+        created with; as ``sandbox_id`` when given (a resume: the sandbox's id is fixed, the
+        pre-created one's is not), else as the id it was created as.
 
         Prerequisites: ``instance`` came from ``precreate`` and was not restored yet; ``image``
-        was saved by a sandbox of the same shape (envd bundle, mounts, CPUs, memory).
-        On success: as ``restore``. On failure: raises ``RuntimeFailure``; the instance is
-        destroyed (its slot and rootfs stay the caller's).
+        was saved by a sandbox of the same shape (envd bundle, mounts, CPUs, memory); no other
+        sandbox of ``sandbox_id`` runs here.
+        On success: as ``restore``; the instance has ``sandbox_id`` and keeps its
+        ``runtime_id`` (a driver whose files of a sandbox are kept by sandbox id moves them,
+        unless someone moved them already; ``observe`` reports it under ``sandbox_id``).
+        On failure: raises ``RuntimeFailure``; the instance is destroyed (its slot and
+        rootfs stay the caller's).
         """
         ...
 

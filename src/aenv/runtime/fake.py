@@ -34,7 +34,7 @@ import itertools
 import json
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,13 +137,21 @@ class FakeRuntime:
         self._sandboxes[spec.sandbox_id].status = "created"
         return instance
 
-    async def restore_precreated(self, instance: Instance, image: MemoryImage) -> Instance:
+    async def restore_precreated(self, instance: Instance, image: MemoryImage, *,
+                                 sandbox_id: str | None = None) -> Instance:
         """Same contract as ``GvisorRuntime.restore_precreated``; refuses a sandbox that is not
         ``created`` (``FailedPrecondition``) and destroys it when the restore fails."""
         sandbox = self._sandboxes.get(instance.runtime_id)
         if sandbox is None or sandbox.status != "created":
             raise FailedPrecondition(f"sandbox {instance.sandbox_id} is not pre-created")
         try:
+            if sandbox_id is not None and sandbox_id != instance.sandbox_id:
+                if not is_sandbox_id(sandbox_id):
+                    raise InvalidArgument(f"{sandbox_id!r} is not a sandbox id")
+                if self._find(sandbox_id) is not None:
+                    raise AlreadyExists(f"sandbox {sandbox_id} already runs here")
+                sandbox.spec = replace(sandbox.spec, sandbox_id=sandbox_id)
+                instance = replace(instance, sandbox_id=sandbox_id)
             memory = _read_image(image, sandbox.spec)
             if self.restore_delay_s:
                 await asyncio.sleep(self.restore_delay_s)
@@ -216,12 +224,12 @@ class FakeRuntime:
     async def observe(self) -> list[Observed]:
         return [
             Observed(
-                runtime_id=sid,
-                sandbox_id=sid,
+                runtime_id=rid,
+                sandbox_id=s.spec.sandbox_id,
                 status=s.status,
                 pid=s.pid if s.status != "stopped" else None,
             )
-            for sid, s in self._sandboxes.items()
+            for rid, s in self._sandboxes.items()
         ]
 
     async def stats(self, instance: Instance) -> Stats:
@@ -265,7 +273,7 @@ class FakeRuntime:
             raise FailedPrecondition(f"rootfs {spec.rootfs} of sandbox {sid} is not a directory")
         if spec.cpu_count < 1 or spec.memory_mb < 16:
             raise InvalidArgument("a sandbox needs at least 1 CPU and 16 MiB of memory")
-        current = self._sandboxes.get(sid)
+        current = self._find(sid)
         if current is not None and current.status != "stopped":
             raise AlreadyExists(f"sandbox {sid} already runs here ({current.status})")
         for other_id, other in self._sandboxes.items():
@@ -277,6 +285,15 @@ class FakeRuntime:
         self._sandboxes[spec.sandbox_id] = sandbox
         return Instance(sandbox_id=spec.sandbox_id, runtime_id=spec.sandbox_id,
                         pid=sandbox.pid, net=net)
+
+    def _find(self, sandbox_id: str) -> _Sandbox | None:
+        """The sandbox that is ``sandbox_id`` (its runtime id differs after a resume into a
+        pre-created one)."""
+        found = self._sandboxes.get(sandbox_id)
+        if found is not None and found.spec.sandbox_id == sandbox_id:
+            return found
+        return next((s for s in self._sandboxes.values() if s.spec.sandbox_id == sandbox_id),
+                    None)
 
     def _alive(self, runtime_id: str) -> _Sandbox:
         """The running or frozen sandbox ``runtime_id``; ``NotFound`` if unknown or dead."""
@@ -290,7 +307,8 @@ class FakeRuntime:
     def crash(self, sandbox_id: str, *, out_of_memory: bool = False) -> None:
         """Make the sandbox's processes die (observe() then says ``stopped``), as a sentry
         panic would, or (``out_of_memory``) as the host's memory cgroup's OOM kill."""
-        sandbox = self._sandboxes[sandbox_id]
+        sandbox = self._find(sandbox_id)
+        assert sandbox is not None, f"no sandbox {sandbox_id}"
         if out_of_memory:
             sandbox.end(Exit("out-of-memory", "out of memory: the sandbox used all its memory "
                              f"of {sandbox.spec.memory_mb} MiB and the host's memory cgroup "
@@ -300,14 +318,20 @@ class FakeRuntime:
 
     def remember(self, sandbox_id: str, key: str, value: str) -> None:
         """Change the guest's state, as a process inside would; a frozen guest cannot."""
-        sandbox = self._alive(sandbox_id)
+        sandbox = self._alive_sandbox(sandbox_id)
         if sandbox.status != "running":
             raise FailedPrecondition(f"sandbox {sandbox_id} is {sandbox.status}")
         sandbox.memory[key] = value
 
     def recall(self, sandbox_id: str) -> dict[str, str]:
         """A copy of the guest's state (``NotFound`` once its processes are gone)."""
-        return dict(self._alive(sandbox_id).memory)
+        return dict(self._alive_sandbox(sandbox_id).memory)
+
+    def _alive_sandbox(self, sandbox_id: str) -> _Sandbox:
+        found = self._find(sandbox_id)
+        if found is None or found.status == "stopped":
+            raise NotFound(f"sandbox {sandbox_id} is not running")
+        return found
 
     def fail_next_boot(self, exc: AenvError) -> None:
         """Make the next boot raise ``exc`` (after its checks), leaving nothing behind."""

@@ -3,12 +3,15 @@
 Layout under ``state_dir`` (``<AENV_HOME>/sandboxes`` in a node)::
 
     runsc/                      runsc --root (ours alone; never the default /var/run/runsc)
-    <sandbox_id>/bundle/        config.json, etc/{hosts,hostname,resolv.conf}, sandbox.pid
+    <sandbox_id>/bundle/        config.json, etc/{hosts,hostname,resolv.conf}, sandbox.pid,
+                                container-id (runsc's id of the sandbox)
     <sandbox_id>/logs/          runsc debug logs (run, boot, gofer) and console.log (envd's
                                 stdout/stderr and runsc's own errors)
 
-The runsc container id is the sandbox id: E2B ids are 20 characters, and a fixed length keeps
-runsc's prefix matching of ids from ever confusing two sandboxes.
+The runsc container id is the sandbox id (E2B ids are 20 characters, and a fixed length keeps
+runsc's prefix matching of ids from ever confusing two sandboxes), except for a sandbox resumed
+into a pre-created one: runsc's id of that is the pre-created sandbox's, which cannot change, and
+its files move to the resumed sandbox's directory; ``container-id`` says which is which.
 
 A booted sandbox does not depend on the process that booted it: runsc's sandbox and gofer
 processes run in their own sessions, re-parented to init, in their own cgroups
@@ -22,11 +25,12 @@ Owns: the sandbox's runsc container, its cgroups, bundle and logs. Must not touc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -159,10 +163,26 @@ class GvisorRuntime:
         gofer processes run, waiting; ~100 ms, paid before any request needs it."""
         return await self._start(spec, net, None, create_only=True)
 
-    async def restore_precreated(self, instance: Instance, image: MemoryImage) -> Instance:
+    async def restore_precreated(self, instance: Instance, image: MemoryImage, *,
+                                 sandbox_id: str | None = None) -> Instance:
         """``runsc restore -detach`` into the container ``precreate`` made (see
-        ``Runtime.restore_precreated``): ~95 ms instead of ~180 ms for a fresh restore."""
-        sid = instance.sandbox_id
+        ``Runtime.restore_precreated``): ~95 ms instead of ~180 ms for a fresh restore.
+
+        As another ``sandbox_id``, the bundle and logs move to that id's directory, and the
+        rootfs path in ``config.json`` follows where it names the old id as a directory (the
+        caller moved the rootfs so). runsc keeps the container under its id, with its stale
+        bundle path (only ``observe`` reads that: it goes by ``container-id``)."""
+        sid = sandbox_id or instance.sandbox_id
+        try:
+            if sid != instance.sandbox_id:
+                if not ids.is_sandbox_id(sid):
+                    raise InvalidArgument(f"{sid!r} is not a sandbox id")
+                await asyncio.to_thread(self._move, instance.sandbox_id, sid)
+                instance = replace(instance, sandbox_id=sid)
+        except BaseException:
+            await asyncio.shield(self._remove(instance.runtime_id, instance.sandbox_id,
+                                              keep_logs=self.config.keep_logs))
+            raise
         bundle, logs = self.bundle_dir(sid), self.log_dir(sid)
         try:
             with map_runsc_errors(sid, "restore", log=self.console_log(sid)):
@@ -171,10 +191,32 @@ class GvisorRuntime:
                     console=self.console_log(sid), pid_file=bundle / "sandbox.pid",
                 )
         except BaseException:
-            await asyncio.shield(self._remove(instance.runtime_id, keep_logs=self.config.keep_logs))
+            await asyncio.shield(self._remove(instance.runtime_id, sid,
+                                              keep_logs=self.config.keep_logs))
             raise
-        log.info("restored sandbox %s (pid %s) into its pre-created sandbox", sid, instance.pid)
+        log.info("restored sandbox %s (pid %s) into pre-created sandbox %s", sid, instance.pid,
+                 instance.runtime_id)
         return instance
+
+    def _move(self, old: str, new: str) -> None:
+        """The driver's files of sandbox ``old`` become ``new``'s (see restore_precreated)."""
+        src, dst = self.sandbox_dir(old), self.sandbox_dir(new)
+        if (dst / "bundle").exists() and (src / "bundle").exists():
+            raise FailedPrecondition(f"sandbox {new} has a bundle here already")
+        dst.mkdir(parents=True, exist_ok=True)
+        for name in ("bundle", "logs"):
+            if (src / name).exists():
+                (src / name).rename(dst / name)
+        with contextlib.suppress(OSError):
+            src.rmdir()
+        self._pause_marker(new).unlink(missing_ok=True)
+        # The rootfs's directory is keyed by id too (storage's: the node swapped it already);
+        # only ``_shape`` reads the path back, for the disk statistics.
+        config = oci.read_config(self.bundle_dir(new))
+        root = str(config["root"]["path"])
+        if f"/{old}/" in root:
+            config["root"]["path"] = root.replace(f"/{old}/", f"/{new}/")
+            oci.write_config(self.bundle_dir(new), config)
 
     async def checkpoint(self, instance: Instance, dest: Path, *, leave_running: bool
                          ) -> MemoryImage:
@@ -267,7 +309,8 @@ class GvisorRuntime:
         ~0.1 s (1.1 s on this machine, whose PID 1 reaps orphans slowly).
         On failure: raises ``RuntimeFailure``; call again.
         """
-        await self._remove(instance.runtime_id, keep_logs=self.config.keep_logs)
+        await self._remove(instance.runtime_id, instance.sandbox_id,
+                           keep_logs=self.config.keep_logs)
 
     async def observe(self) -> list[Observed]:
         """Every sandbox under our runsc root, as runsc sees it now.
@@ -278,9 +321,12 @@ class GvisorRuntime:
         """
         with map_runsc_errors("(all)", "list"):
             states = await self.runsc.list()
+        # A sandbox resumed into a pre-created one: its bundle moved, runsc's path is stale.
+        homes = await asyncio.to_thread(self._homes)
         found = []
         for st in states:
-            sandbox_id = st.bundle.parent.name if st.bundle.name == "bundle" else st.id
+            sandbox_id = homes.get(st.id) or (
+                st.bundle.parent.name if st.bundle.name == "bundle" else st.id)
             status = st.status if st.status in _STATUSES else "unknown"
             if status in _ALIVE and st.pid is not None and not _pid_alive(st.pid):
                 # A sandbox that exited after a checkpoint keeps "running" in runsc's file.
@@ -292,6 +338,14 @@ class GvisorRuntime:
             found.append(Observed(runtime_id=st.id, sandbox_id=sandbox_id, status=status,
                                   pid=st.pid))
         return found
+
+    def _homes(self) -> dict[str, str]:
+        """runsc id → sandbox id, from every bundle's ``container-id``."""
+        homes = {}
+        for path in self.config.state_dir.glob("*/bundle/container-id"):
+            with contextlib.suppress(OSError):
+                homes[path.read_text().strip()] = path.parent.parent.name
+        return homes
 
     async def stats(self, instance: Instance) -> Stats:
         """CPU, memory and disk of a running sandbox.
@@ -345,7 +399,8 @@ class GvisorRuntime:
         sid = instance.sandbox_id
         status: int | None = None
         if instance.pid is not None:
-            status = await exits.wait_exit(instance.pid, cmdline_has=sid.encode())
+            status = await exits.wait_exit(instance.pid,
+                                           cmdline_has=instance.runtime_id.encode())
         else:
             while True:
                 try:
@@ -359,7 +414,7 @@ class GvisorRuntime:
                 await asyncio.sleep(STATE_POLL_S)
         logs = self.log_dir(sid)
         return exits.reason(
-            status, cgroup=self._cgroup(sid),
+            status, cgroup=self._cgroup(instance.runtime_id),
             logs=[*sorted(logs.glob("*boot*")), self.console_log(sid)],
         )
 
@@ -404,7 +459,7 @@ class GvisorRuntime:
                     )
             pid = _read_pid(pid_file)
         except BaseException:
-            await asyncio.shield(self._remove(sid, keep_logs=self.config.keep_logs))
+            await asyncio.shield(self._remove(sid, sid, keep_logs=self.config.keep_logs))
             raise
         done = "created" if create_only else "booted" if image is None else "restored"
         log.info("%s sandbox %s (pid %s) in slot %d", done, sid, pid, net.index)
@@ -425,6 +480,7 @@ class GvisorRuntime:
             tmp_in_memory=self.config.tmp_in_memory,
         )
         oci.write_config(bundle, config)
+        (bundle / "container-id").write_text(spec.sandbox_id)
 
     async def _clear_leftover(self, sid: str) -> None:
         """Refuse a running namesake; remove a dead one's state so the id can boot again."""
@@ -433,22 +489,28 @@ class GvisorRuntime:
             # without one there is nothing to clear (and no runsc call to pay for).
             return
         try:
+            runtime_id = (self.bundle_dir(sid) / "container-id").read_text().strip() or sid
+        except OSError:
+            runtime_id = sid
+        try:
             with map_runsc_errors(sid, "state"):
-                state = await self.runsc.state(sid)
+                state = await self.runsc.state(runtime_id)
         except NotFound:
             state = None
         if state is not None and state.status in _ALIVE:
             raise AlreadyExists(f"sandbox {sid} already runs here ({state.status})")
-        await self._remove(sid, keep_logs=False)
+        await self._remove(runtime_id, sid, keep_logs=False)
 
-    async def _remove(self, sid: str, *, keep_logs: bool) -> None:
+    async def _remove(self, runtime_id: str, sid: str, *, keep_logs: bool) -> None:
+        """Remove runsc's container ``runtime_id`` and its cgroups, and the files of sandbox
+        ``sid`` (the same id but for a sandbox resumed into a pre-created one)."""
         with map_runsc_errors(sid, "delete"):
-            await self.runsc.delete(sid)
+            await self.runsc.delete(runtime_id)
         # runsc creates the cgroups before it saves the container's state, so a run that
         # fails in between leaves cgroups that ``delete`` does not know about.
-        cgroups.remove(self._cgroup(sid))
-        self._cpu_samples.pop(sid, None)
-        self._shapes.pop(sid, None)
+        cgroups.remove(self._cgroup(runtime_id))
+        self._cpu_samples.pop(runtime_id, None)
+        self._shapes.pop(runtime_id, None)
         sandbox_dir = self.sandbox_dir(sid)
         self._pause_marker(sid).unlink(missing_ok=True)
         # Only what the driver made: the rootfs (storage's) may live in the same directory.

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from aenv.core import proc
 from aenv.core.errors import Conflict, InvalidArgument, NotFound
+from aenv.storage.exchange import exchange
 from aenv.storage.mounts import MOUNT_TIMEOUT_S, read_mountinfo, unmount
 from aenv.storage.user_dirs import prepare_user_dirs
 
@@ -326,6 +327,50 @@ class RootfsStore:
         await self._mount(paths, lowers)
         return paths.rootfs
 
+    async def adopt(self, sandbox_id: str, donor_id: str) -> Path:
+        """Give sandbox ``sandbox_id`` the mounted rootfs of ``donor_id``: a sandbox assembled
+        over the same lowers ahead of need (a pre-created one). The two directories
+        ``<root>/<id>`` swap in one step (``exchange``), so at every instant ``sandbox_id``
+        has one whole rootfs; what was ``sandbox_id``'s is then deleted.
+
+        Prerequisites: memory workspaces (a disk workspace is the sandbox's own files, and
+        the donor's would be another's); the donor is mounted over the lowers recorded for
+        ``sandbox_id``; nothing runs in ``sandbox_id`` and its upper holds nothing but
+        what ``assemble`` made in the donor's (its root's writes were kept in its memory); no
+        other operation on either runs.
+        On success: ``sandbox_id``'s rootfs (mounted) is returned; nothing of ``donor_id``
+        is left here.
+        On failure: :class:`Conflict` when the prerequisites do not hold (nothing changed).
+        """
+        if self.workspaces is not None:
+            raise Conflict("a sandbox with a disk workspace cannot take another's rootfs")
+        mine, donor = self.paths(sandbox_id), self.paths(donor_id)
+        if not self.is_mounted(donor_id):
+            raise Conflict(f"the rootfs of {donor_id} is not mounted")
+        lowers = self.recorded_lowers(sandbox_id)
+        if lowers is not None and lowers != self.recorded_lowers(donor_id):
+            raise Conflict(f"sandbox {sandbox_id} and {donor_id} have other layers")
+        if not await asyncio.to_thread(_nothing_beyond, mine.upper, donor.upper):
+            raise Conflict(f"sandbox {sandbox_id} has files of its own in {mine.upper}")
+        # Nothing runs in it (prerequisite); its mount is what assemble would make again.
+        await self.disassemble(sandbox_id, keep_upper=True)
+        await asyncio.to_thread(self._swap, mine, donor)
+        return mine.rootfs
+
+    def _swap(self, mine: SandboxPaths, donor: SandboxPaths) -> None:
+        if not mine.dir.exists():
+            donor.dir.rename(mine.dir)
+            return
+        inside = str(mine.dir) + "/"
+        if any(m.mount_point.startswith(inside) for m in read_mountinfo()):
+            raise Conflict(f"sandbox {mine.dir.name} has mounts inside it")
+        try:
+            exchange(mine.dir, donor.dir)
+        except OSError as exc:
+            raise Conflict(f"cannot swap {mine.dir} and {donor.dir}: {exc}") from exc
+        # ``donor.dir`` holds what was ``mine`` now: nothing mounted, no files (checked).
+        shutil.rmtree(donor.dir, ignore_errors=True)
+
     async def disassemble(self, sandbox_id: str, *, keep_upper: bool, lazy: bool = False) -> None:
         """Unmount the sandbox's rootfs and, unless ``keep_upper``, delete its files.
 
@@ -409,6 +454,22 @@ def common_parent(lowers: Sequence[Path]) -> Path:
 
 def _show(lowers: Sequence[Path] | None) -> str:
     return "unknown" if lowers is None else ":".join(str(p) for p in lowers)
+
+
+def _nothing_beyond(tree: Path, other: Path) -> bool:
+    """Whether every entry of ``tree`` (absent counts as empty) is in ``other`` too, of the
+    same kind and size: ``tree`` holds nothing of its own."""
+    return _entries(tree) <= _entries(other)
+
+
+def _entries(tree: Path) -> set[tuple[str, int, int]]:
+    found = set()
+    for root, dirs, files in os.walk(tree):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(root, name))
+            found.add((os.path.relpath(os.path.join(root, name), tree), st.st_mode,
+                       0 if name in dirs else st.st_size))
+    return found
 
 
 def _make_dir(path: Path, mode: int) -> None:

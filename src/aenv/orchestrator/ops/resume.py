@@ -3,7 +3,8 @@
 A frozen sandbox is thawed (milliseconds); one paused to disk is restored from its memory
 image into a fresh network slot (same guest address), under the same id, with the same envd
 (and so the same access token, processes and files). The image is deleted once the sandbox
-runs again.
+runs again. With memory workspaces the restore goes into a pre-created sandbox of the same
+shape when one is ready (``orchestrator/precreated.py``: ~95 instead of ~180 ms).
 
 Prerequisites: the sandbox exists. If another operation holds it (a pause being written to
 disk, a snapshot), the resume waits for it (``transition_wait_s``).
@@ -17,8 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import time
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
 
 from aenv.core.errors import (
     AenvError,
@@ -29,7 +34,7 @@ from aenv.core.errors import (
     Unavailable,
 )
 from aenv.core.states import SandboxState
-from aenv.network.base import NetSlot
+from aenv.network.base import EgressPolicy, NetSlot
 from aenv.orchestrator import paused_repo
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_from
@@ -42,9 +47,11 @@ from aenv.orchestrator.instance_codec import (
     paused_image,
 )
 from aenv.orchestrator.ops import fs_pause
+from aenv.orchestrator.ops.boot import release
 from aenv.orchestrator.ops.lifetime import set_timeout
 from aenv.orchestrator.ops.settle import settled
 from aenv.orchestrator.ops.teardown import teardown
+from aenv.orchestrator.precreated import Precreated, Shape
 from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
 from aenv.store.models import SandboxRecord
 
@@ -113,7 +120,8 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
             await teardown(node, record)
             await node.store.delete(await node.store.require(record.sandbox_id))
             raise NotFound(f"sandbox {record.sandbox_id} was resumed on another node")
-        record, data = await _restore(node, record)
+        with node.precreated.busy() if node.precreated is not None else nullcontext():
+            record, data = await _restore(node, record)
         consumed = paused_image(record.instance)
         how = "restored"
     now = node.clock()
@@ -143,25 +151,63 @@ async def _restore(
         await node.store.update(record, state=SandboxState.PAUSED)
         raise FailedPrecondition(f"paused sandbox {sid} has no memory image")
     bundle = envd_bundle_of(record.instance, node.envd_bundle)
+    policy = policy_from(record.allow_internet_access, record.network)
     slot: NetSlot | None = None
     instance: Instance | None = None
     try:
         image = MemoryImage.at(image_path)
-        slot = await node.pool.acquire(policy_from(record.allow_internet_access, record.network))
+        pre = await _adopt_precreated(node, record, bundle)
+        if pre is not None:
+            slot, instance = pre.slot, replace(pre.instance, sandbox_id=sid)
+        else:
+            slot = await node.pool.acquire(policy)
         # The slot is in the record before it is used, so recovery can release it.
         record = await node.store.update(
             record, instance={**(record.instance or {}), "slot": instance_json(slot, None)["slot"]}
         )
-        rootfs = await node.rootfs.ensure_mounted(sid)
-        spec = SandboxSpec(sandbox_id=sid, rootfs=rootfs, envd_bundle=bundle,
-                           cpu_count=record.cpu_count, memory_mb=record.memory_mb)
-        instance = await node.runtime.restore(image, spec, slot)
+        if pre is not None:
+            if policy != EgressPolicy():
+                await node.pool.set_egress(slot, policy)
+            instance = None  # destroyed by a failed restore
+            instance = await node.runtime.restore_precreated(pre.instance, image, sandbox_id=sid)
+        else:
+            rootfs = await node.rootfs.ensure_mounted(sid)
+            spec = SandboxSpec(sandbox_id=sid, rootfs=rootfs, envd_bundle=bundle,
+                               cpu_count=record.cpu_count, memory_mb=record.memory_mb)
+            instance = await node.runtime.restore(image, spec, slot)
         async with EnvdClient(node.guests.transport(slot), slot) as envd:
             await envd.wait_ready(node.settings.envd_ready_timeout_s, restored=True)
     except BaseException:
         await asyncio.shield(_undo(node, record, slot, instance))
         raise
     return record, instance_json(slot, instance, envd_bundle=bundle)
+
+
+async def _adopt_precreated(node: Node, record: SandboxRecord, bundle: Path
+                            ) -> Precreated | None:
+    """A pre-created sandbox of ``record``'s shape whose directory is now the sandbox's
+    (rootfs included), or None: none ready, disk workspaces, or the sandbox's directory cannot
+    be taken over (then the pre-created one is given back to nothing: destroyed)."""
+    if node.precreated is None or node.workspaces is not None:
+        return None
+    lowers = node.rootfs.recorded_lowers(record.sandbox_id)
+    if lowers is None:
+        return None
+    shape = Shape(layers=tuple(Path(os.path.realpath(p)) for p in lowers),
+                  envd_bundle=Path(os.path.realpath(bundle)), cpu_count=record.cpu_count,
+                  memory_mb=record.memory_mb, disk_image=None)
+    pre = node.precreated.take_shape(shape)
+    if pre is None:
+        return None
+    try:
+        await node.rootfs.adopt(record.sandbox_id, pre.sandbox_id)
+    except BaseException as exc:
+        await asyncio.shield(release(node, pre.sandbox_id, pre.slot, pre.instance))
+        if isinstance(exc, Conflict):
+            log.warning("resuming %s afresh: %s", record.sandbox_id, exc.message)
+            return None
+        raise
+    return pre
 
 
 async def _undo(
