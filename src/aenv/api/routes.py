@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from aenv.api import listing
+from aenv.api import idempotency, listing
 from aenv.api.auth import require_api_key
 from aenv.api.convert import detail, iso, listed, sandbox_out
 from aenv.api.node import NodeDep, node_of
@@ -96,13 +96,14 @@ async def _create(node: Node, body: NewSandbox) -> SandboxOut:
 
 
 @router.post("/v2/sandboxes", status_code=201, response_model=SandboxOut)
-async def create_v2(body: NewSandbox, node: NodeDep) -> SandboxOut:
-    return await _create(node, body)
+async def create_v2(body: NewSandbox, node: NodeDep, request: Request) -> SandboxOut:
+    # A repeat with the same Idempotency-Key gets the first create's sandbox (idempotency.py).
+    return await idempotency.once(request, body, lambda: _create(node, body))
 
 
 @router.post("/sandboxes", status_code=201, response_model=SandboxOut)
-async def create_v1(body: NewSandbox, node: NodeDep) -> SandboxOut:
-    return await _create(node, body)
+async def create_v1(body: NewSandbox, node: NodeDep, request: Request) -> SandboxOut:
+    return await idempotency.once(request, body, lambda: _create(node, body))
 
 
 @router.get("/v2/sandboxes", response_model=list[ListedSandbox])

@@ -125,6 +125,11 @@ class Settings(BaseSettings):
     max_fork_count: int = Field(default=100, ge=1, le=1000)
     """Most children one fork request may ask for."""
 
+    idempotency_ttl_s: float = Field(default=3600.0, gt=0)
+    """How long a create's ``Idempotency-Key`` is remembered: a repeat with the same key (and
+    API key) within this time gets the first create's answer instead of a second sandbox. In
+    memory only: a restarted node has forgotten every key (``api/idempotency.py``)."""
+
     transition_wait_s: float = Field(default=30.0, gt=0)
     """How long a resume or connect waits for another operation on the same sandbox (a pause
     being written to disk, a snapshot) before answering 409."""
