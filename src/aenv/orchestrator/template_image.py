@@ -34,12 +34,16 @@ IMAGE_RECIPE = "2"
 
 
 def image_id(node: Node, template: Template) -> str:
-    """Named by what makes the image (layer ids, the bundle's version, the runtime, the disk
-    size), never by host paths: nodes sharing a repository share the image."""
+    """Named by what makes the image (layer ids, the bundle's version, the runtime, the CPUs
+    and memory its sandbox had, the disk size), never by host paths: nodes sharing a
+    repository share the image, and a node whose defaults differ (a template without its own
+    CPUs or memory takes the node's) makes its own, since a restore keeps the saved shape."""
+    cpu = template.cpu_count or node.settings.default_cpu_count
+    memory = template.memory_mb or node.settings.default_memory_mb
     key = "\n".join([IMAGE_RECIPE, template.template_id, *(p.name for p in template.layers),
                      node.envd_bundle.name,
                      restore_match.requirements_key(node.host_requirements),
-                     *disk_mode.image_key(node)])
+                     f"{cpu} CPUs, {memory} MiB", *disk_mode.image_key(node)])
     return f"tpl-{template.template_id}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
