@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -47,6 +48,8 @@ from aenv.storage.user_dirs import prepare_user_dirs
 
 if TYPE_CHECKING:
     from aenv.storage.workspaces import WorkspaceStore
+
+log = logging.getLogger("aenv.storage.rootfs")
 
 #: Sandbox ids become path components: letters, digits, ``_.-``, not starting with a dot.
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -111,6 +114,8 @@ class RootfsStore:
         self.workspaces = workspaces
         #: Size of a new sandbox's disk image when the caller gives none.
         self.disk_mb = disk_mb
+        #: Rootfs directories ``adopt`` swapped out, being unmounted and deleted.
+        self._dropping: set[asyncio.Task[None]] = set()
 
     @classmethod
     def at_home(cls, home: Path) -> RootfsStore:
@@ -331,7 +336,9 @@ class RootfsStore:
         """Give sandbox ``sandbox_id`` the mounted rootfs of ``donor_id``: a sandbox assembled
         over the same lowers ahead of need (a pre-created one). The two directories
         ``<root>/<id>`` swap in one step (``exchange``), so at every instant ``sandbox_id``
-        has one whole rootfs; what was ``sandbox_id``'s is then deleted.
+        has one whole rootfs; what was ``sandbox_id``'s (mounted or not) then has the donor's
+        name and is unmounted and deleted in the background, off the caller's path (a crash
+        first leaves it as a stray rootfs, which recovery removes).
 
         Prerequisites: memory workspaces (a disk workspace is the sandbox's own files, and
         the donor's would be another's); the donor is mounted over the lowers recorded for
@@ -352,24 +359,29 @@ class RootfsStore:
             raise Conflict(f"sandbox {sandbox_id} and {donor_id} have other layers")
         if not await asyncio.to_thread(_nothing_beyond, mine.upper, donor.upper):
             raise Conflict(f"sandbox {sandbox_id} has files of its own in {mine.upper}")
-        # Nothing runs in it (prerequisite); its mount is what assemble would make again.
-        await self.disassemble(sandbox_id, keep_upper=True)
-        await asyncio.to_thread(self._swap, mine, donor)
+        if await asyncio.to_thread(self._swap, mine, donor):
+            # ``donor_id`` names what was the sandbox's: no files of its own (checked above).
+            task = asyncio.create_task(self._drop_swapped(donor_id))
+            self._dropping.add(task)
+            task.add_done_callback(self._dropping.discard)
         return mine.rootfs
 
-    def _swap(self, mine: SandboxPaths, donor: SandboxPaths) -> None:
+    def _swap(self, mine: SandboxPaths, donor: SandboxPaths) -> bool:
+        """Whether ``donor.dir`` holds what was ``mine.dir`` afterwards."""
         if not mine.dir.exists():
             donor.dir.rename(mine.dir)
-            return
-        inside = str(mine.dir) + "/"
-        if any(m.mount_point.startswith(inside) for m in read_mountinfo()):
-            raise Conflict(f"sandbox {mine.dir.name} has mounts inside it")
+            return False
         try:
             exchange(mine.dir, donor.dir)
         except OSError as exc:
             raise Conflict(f"cannot swap {mine.dir} and {donor.dir}: {exc}") from exc
-        # ``donor.dir`` holds what was ``mine`` now: nothing mounted, no files (checked).
-        shutil.rmtree(donor.dir, ignore_errors=True)
+        return True
+
+    async def _drop_swapped(self, name: str) -> None:
+        try:
+            await self.disassemble(name, keep_upper=False, lazy=True)
+        except Exception as exc:
+            log.warning("could not remove the rootfs a sandbox swapped out (%s): %s", name, exc)
 
     async def disassemble(self, sandbox_id: str, *, keep_upper: bool, lazy: bool = False) -> None:
         """Unmount the sandbox's rootfs and, unless ``keep_upper``, delete its files.

@@ -40,7 +40,9 @@ class Booted:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-class _Laps:
+class Laps:
+    """Milliseconds per named phase, each since the previous call."""
+
     def __init__(self) -> None:
         self.phases: dict[str, float] = {}
         self._mark = time.monotonic()
@@ -65,7 +67,7 @@ async def boot_sandbox(
     ``template``'s shape with that id (then ``on_slot`` and ``policy`` are the caller's
     business). On success: envd answers ``/health`` in the sandbox (not yet initialised).
     On failure: nothing of it is left; the error propagates."""
-    lap = _Laps()
+    lap = Laps()
     cpu = template.cpu_count or node.settings.default_cpu_count
     memory = template.memory_mb or node.settings.default_memory_mb
     bundle = template.envd_bundle or node.envd_bundle

@@ -47,7 +47,7 @@ from aenv.orchestrator.instance_codec import (
     paused_image,
 )
 from aenv.orchestrator.ops import fs_pause
-from aenv.orchestrator.ops.boot import release
+from aenv.orchestrator.ops.boot import Laps, release
 from aenv.orchestrator.ops.lifetime import set_timeout
 from aenv.orchestrator.ops.settle import settled
 from aenv.orchestrator.ops.teardown import teardown
@@ -110,18 +110,23 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
         data = {k: v for k, v in (record.instance or {}).items() if k != "frozen"}
         consumed = None
         how = "thawed"
+        phases: dict[str, float] = {}
     elif fs_pause.filesystem_only(record):
         record, data = await fs_pause.reboot(node, record)
         consumed = None
         how = "rebooted on its files"
+        phases = {}
     else:
+        lap = Laps()
         if await paused_repo.moved_away(node, record):
             await node.store.update(record, state=SandboxState.KILLING)
             await teardown(node, record)
             await node.store.delete(await node.store.require(record.sandbox_id))
             raise NotFound(f"sandbox {record.sandbox_id} was resumed on another node")
+        lap("repository")
         with node.precreated.busy() if node.precreated is not None else nullcontext():
-            record, data = await _restore(node, record)
+            record, data = await _restore(node, record, lap)
+        phases = lap.phases
         consumed = paused_image(record.instance)
         how = "restored"
     now = node.clock()
@@ -137,13 +142,16 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
         except AenvError as exc:
             log.warning("resumed %s, but could not remove its paused manifest: %s",
                         record.sandbox_id, exc.message)
-    log.info("resumed %s (%s) in %.0f ms", record.sandbox_id, how,
-             (time.monotonic() - started) * 1000)
+    if phases:
+        lap("finish")
+    log.info("resumed %s (%s) in %.0f ms%s", record.sandbox_id, how,
+             (time.monotonic() - started) * 1000,
+             ": " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()) if phases else "")
     return record
 
 
 async def _restore(
-    node: Node, record: SandboxRecord
+    node: Node, record: SandboxRecord, lap: Laps
 ) -> tuple[SandboxRecord, dict[str, object]]:
     sid = record.sandbox_id
     image_path = paused_image(record.instance)
@@ -159,12 +167,15 @@ async def _restore(
         pre = await _adopt_precreated(node, record, bundle)
         if pre is not None:
             slot, instance = pre.slot, replace(pre.instance, sandbox_id=sid)
+            lap("precreated")
         else:
             slot = await node.pool.acquire(policy)
+            lap("slot")
         # The slot is in the record before it is used, so recovery can release it.
         record = await node.store.update(
             record, instance={**(record.instance or {}), "slot": instance_json(slot, None)["slot"]}
         )
+        lap("record")
         if pre is not None:
             if policy != EgressPolicy():
                 await node.pool.set_egress(slot, policy)
@@ -172,11 +183,14 @@ async def _restore(
             instance = await node.runtime.restore_precreated(pre.instance, image, sandbox_id=sid)
         else:
             rootfs = await node.rootfs.ensure_mounted(sid)
+            lap("rootfs")
             spec = SandboxSpec(sandbox_id=sid, rootfs=rootfs, envd_bundle=bundle,
                                cpu_count=record.cpu_count, memory_mb=record.memory_mb)
             instance = await node.runtime.restore(image, spec, slot)
+        lap("restore")
         async with EnvdClient(node.guests.transport(slot), slot) as envd:
             await envd.wait_ready(node.settings.envd_ready_timeout_s, restored=True)
+        lap("envd_ready")
     except BaseException:
         await asyncio.shield(_undo(node, record, slot, instance))
         raise
