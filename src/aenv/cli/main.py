@@ -1,22 +1,31 @@
-"""``aenv``: the root command; mounts each sub-command group (``aenv envd …``)."""
+"""``aenv``: the root command; mounts each sub-command group (``aenv envd …``) and the sandbox
+commands (``aenv ls``, ``aenv exec`` …), each group in a module of its own (docs/cli.md)."""
 
 from __future__ import annotations
 
 import typer
 
+from aenv.cli import copy, doctor, execute, info, sandboxes, shell
+from aenv.cli.auth import app as auth_app
 from aenv.cli.envd import app as envd_app
 from aenv.cli.server import app as server_app
+from aenv.cli.snapshot import app as snapshot_app
 from aenv.cli.template import app as template_app
 
 app = typer.Typer(
     name="aenv",
-    help="Self-hosted sandboxes for AI agents, behind an E2B-compatible API.",
+    help="Self-hosted sandboxes for AI agents, behind an E2B-compatible API. The node is "
+         "E2B_API_URL / E2B_API_KEY, else what `aenv auth login` stored (docs/cli.md).",
     no_args_is_help=True,
     add_completion=False,
 )
+app.add_typer(auth_app, name="auth")
 app.add_typer(envd_app, name="envd")
 app.add_typer(server_app, name="server")
+app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
+for group in (sandboxes, shell, execute, copy, info, doctor):
+    group.register(app)
 
 
 def main() -> None:

@@ -68,6 +68,12 @@ class SandboxInfo:
     started_at: str | None = None
     end_at: str | None = None
     alias: str | None = None
+    #: The rest of E2B's ``ListedSandbox`` (None when the node sent none).
+    client_id: str | None = None
+    cpu_count: int | None = None
+    memory_mb: int | None = None
+    disk_size_mb: int | None = None
+    envd_version: str | None = None
 
     @classmethod
     def from_wire(cls, raw: Mapping[str, Any]) -> SandboxInfo:
@@ -75,7 +81,9 @@ class SandboxInfo:
                    state=str(raw.get("state", "")),
                    metadata={str(k): str(v) for k, v in (raw.get("metadata") or {}).items()},
                    started_at=raw.get("startedAt"), end_at=raw.get("endAt"),
-                   alias=raw.get("alias"))
+                   alias=raw.get("alias"), client_id=raw.get("clientID"),
+                   cpu_count=raw.get("cpuCount"), memory_mb=raw.get("memoryMB"),
+                   disk_size_mb=raw.get("diskSizeMB"), envd_version=raw.get("envdVersion"))
 
 
 @dataclass(frozen=True)

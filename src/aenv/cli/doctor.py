@@ -1,0 +1,214 @@
+"""``aenv doctor``: can a node run on this host, and if not, why not.
+
+Each check prints one line, ``ok``, ``warn`` or ``fail``, with its reason; the command exits 1
+when any check failed (the node cannot run here), 0 otherwise. The checks only look or make
+throwaway things of their own, removed at once: a network namespace named
+``aenvdoctor-<pid>`` (outside the node's ``aenv-<n>`` names, so a node's sweep never takes it
+for one of its slots) with an nft table and a veth pair inside it. Nothing on the host's own
+network, cgroups or disks is changed. The node's configuration (``AENV_*``, ``AENV_CONFIG``) is
+read as ``aenv server`` reads it, so the disk and workspace checks look where the node would.
+
+The checks are the node's prerequisites (docs/node.md): root; ``runsc`` (gVisor); the cgroup
+controllers runsc limits sandboxes with (memory, cpu, pids); network namespaces, veth pairs and
+nftables; free space in ``AENV_HOME``; for disk workspaces, loop devices and ``mkfs.xfs`` /
+``mkfs.ext4``. ``/dev/kvm`` is reported but never required: the node's gVisor platforms
+(ptrace, systrap) do not use it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import typer
+from rich.text import Text
+
+from aenv.cli.common import examples, out
+from aenv.core import proc
+from aenv.core.errors import AenvError
+
+Status = Literal["ok", "warn", "fail"]
+
+#: One probe command: they answer in milliseconds; a hung one must not hang the doctor.
+PROBE_TIMEOUT_S = 15.0
+#: Free space in AENV_HOME below which the node will not get far (a template's layers and a
+#: few sandboxes' writable layers) / below which it is worth a warning.
+DISK_FAIL_BYTES = 2 << 30
+DISK_WARN_BYTES = 20 << 30
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: What runsc's ``linux.resources`` for a sandbox need (runtime/oci.py).
+CONTROLLERS = ("memory", "cpu", "pids")
+RUNSC = Path("/usr/bin/runsc")
+
+
+@dataclass(frozen=True)
+class Check:
+    status: Status
+    name: str
+    reason: str
+
+
+def register(app: typer.Typer) -> None:
+    app.command(epilog=examples("aenv doctor", "AENV_HOME=/srv/aenv aenv doctor"))(doctor)
+
+
+def doctor() -> None:
+    """Check this host for what a node needs; exit 1 if it cannot run here."""
+    from aenv.core.settings import Settings
+
+    try:
+        settings = Settings()
+    except Exception as exc:  # pydantic's errors are many lines: the first says which field
+        checks = [Check("fail", "config", " ".join(str(exc).split())[:300])]
+        home, workspace = Path("/var/lib/aenv"), "disk"
+    else:
+        checks = []
+        home, workspace = settings.home, settings.workspace
+
+    async def flow() -> list[Check]:
+        found: list[Check] = []
+        probes: list[Callable[[], Awaitable[Check]]] = [_root, _runsc, _kvm, _cgroups,
+                                                        _network]
+        for probe in probes:
+            found.append(await probe())
+        found.append(_disk(home))
+        found += await _workspaces(workspace)
+        return found
+
+    checks += anyio.run(flow)
+    style = {"ok": "green", "warn": "yellow", "fail": "red"}
+    for check in checks:
+        line = Text(f"{check.status:<4} ", style=style[check.status])
+        line.append(f"{check.name}: {check.reason}")
+        out.print(line, soft_wrap=True)
+    failed = [c.name for c in checks if c.status == "fail"]
+    if failed:
+        out.print(f"the node cannot run here: {', '.join(failed)}", soft_wrap=True)
+        raise typer.Exit(1)
+    out.print("the node can run here", soft_wrap=True)
+
+
+async def _probe(*argv: str) -> tuple[bool, str]:
+    """Run ``argv``; (succeeded, its stdout or the reason it did not)."""
+    try:
+        done = await proc.run(argv, timeout=PROBE_TIMEOUT_S, check=False)
+    except AenvError as exc:
+        return False, exc.message
+    if done.returncode != 0:
+        text = done.stderr.decode("utf-8", "replace").strip() or f"exit {done.returncode}"
+        return False, " ".join(text.split())[:200]
+    return True, done.text.strip()
+
+
+async def _root() -> Check:
+    if os.geteuid() == 0:
+        return Check("ok", "root", "running as root")
+    return Check("fail", "root", "the node needs root (network namespaces, nft, runsc)")
+
+
+async def _runsc() -> Check:
+    binary = RUNSC if RUNSC.exists() else None
+    if binary is None:
+        found = shutil.which("runsc")
+        binary = Path(found) if found else None
+    if binary is None:
+        return Check("fail", "runsc", f"not found at {RUNSC} or on PATH (install gVisor)")
+    ok, text = await _probe(str(binary), "--version")
+    if not ok:
+        return Check("fail", "runsc", f"{binary} --version failed: {text}")
+    return Check("ok", "runsc", f"{text.splitlines()[0]} ({binary})")
+
+
+async def _kvm() -> Check:
+    path = Path("/dev/kvm")
+    if not path.exists():
+        return Check("warn", "kvm", "/dev/kvm absent (not needed: gVisor runs on ptrace/systrap)")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        return Check("warn", "kvm", f"/dev/kvm not usable: {exc.strerror} (not needed: "
+                     "gVisor runs on ptrace/systrap)")
+    os.close(fd)
+    return Check("ok", "kvm", "/dev/kvm usable (the node does not need it: ptrace/systrap)")
+
+
+async def _cgroups() -> Check:
+    v2 = CGROUP_ROOT / "cgroup.controllers"
+    if v2.exists():
+        have = set(v2.read_text().split())
+        kind = "v2"
+    else:
+        have = {d.name for d in CGROUP_ROOT.iterdir() if (d / "tasks").exists()} \
+            if CGROUP_ROOT.is_dir() else set()
+        # v1 mounts cpu and cpuacct together as "cpu,cpuacct" on many distributions.
+        have |= {part for name in have for part in name.split(",")}
+        kind = "v1"
+    if not have:
+        return Check("fail", "cgroups", f"no cgroup hierarchy under {CGROUP_ROOT}")
+    missing = [c for c in CONTROLLERS if c not in have]
+    if missing:
+        return Check("fail", "cgroups", f"{kind}: controller(s) {', '.join(missing)} missing "
+                     f"(sandbox limits need {', '.join(CONTROLLERS)})")
+    return Check("ok", "cgroups", f"{kind} with {', '.join(CONTROLLERS)}")
+
+
+async def _network() -> Check:
+    """A namespace of our own with an nft table and a veth pair in it, then removed."""
+    ip = shutil.which("ip")
+    nft = shutil.which("nft")
+    if ip is None:
+        return Check("fail", "network", "ip (iproute2) not found")
+    if nft is None:
+        return Check("fail", "network", "nft (nftables) not found")
+    name = f"aenvdoctor-{os.getpid()}"
+    ok, text = await _probe(ip, "netns", "add", name)
+    if not ok:
+        return Check("fail", "network", f"cannot create a network namespace: {text}")
+    try:
+        ok, text = await _probe(ip, "netns", "exec", name, nft, "add", "table", "inet", "aenv")
+        if not ok:
+            return Check("fail", "network", f"nftables does not work: {text}")
+        ok, text = await _probe(ip, "-n", name, "link", "add", "d0", "type", "veth",
+                                "peer", "name", "d1")
+        if not ok:
+            return Check("fail", "network", f"cannot create a veth pair: {text}")
+    finally:
+        await _probe(ip, "netns", "delete", name)
+    return Check("ok", "network", "network namespace, veth pair and nftables work")
+
+
+def _disk(home: Path) -> Check:
+    where = home
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    text = f"{free / (1 << 30):.1f} GiB free in {home}" + ("" if where == home
+                                                           else f" (on {where})")
+    if free < DISK_FAIL_BYTES:
+        return Check("fail", "disk", text + f"; need at least {DISK_FAIL_BYTES >> 30} GiB")
+    if free < DISK_WARN_BYTES:
+        return Check("warn", "disk", text + " (little room for templates and workspaces)")
+    return Check("ok", "disk", text)
+
+
+async def _workspaces(workspace: str) -> list[Check]:
+    """Disk workspaces need loop devices and mkfs; memory workspaces need neither."""
+    bad: Status = "fail" if workspace == "disk" else "warn"
+    why = f"(workspace={workspace}: " + ("needed)" if workspace == "disk" else "not needed)")
+    checks: list[Check] = []
+    losetup = shutil.which("losetup")
+    if losetup is None:
+        checks.append(Check(bad, "loop devices", f"losetup not found {why}"))
+    else:
+        ok, text = await _probe(losetup, "--find")
+        checks.append(Check("ok", "loop devices", f"next free {text}") if ok else
+                      Check(bad, "loop devices", f"none free: {text} {why}"))
+    tools = [t for t in ("mkfs.xfs", "mkfs.ext4") if shutil.which(t) is None]
+    checks.append(Check(bad, "mkfs", f"{', '.join(tools)} not found {why}") if tools else
+                  Check("ok", "mkfs", "mkfs.xfs and mkfs.ext4 found"))
+    return checks
