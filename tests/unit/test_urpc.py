@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -91,3 +92,39 @@ async def test_no_answer_is_in_doubt(serve: Serve) -> None:
 async def test_no_socket_is_not_found(tmp_path: Path) -> None:
     with pytest.raises(NotFound):
         await urpc.call(tmp_path / "runsc-gone.sock", "containerManager.Pause")
+
+
+async def test_files_go_as_descriptors_with_the_request(tmp_path: Path) -> None:
+    """A checkpoint's image files travel as SCM_RIGHTS with the request's first bytes; the
+    sandbox writes into them."""
+    import socket
+    import threading
+
+    path = tmp_path / "runsc-fds.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    got: dict[str, object] = {}
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data, fds, _, _ = socket.recv_fds(conn, 65536, 4)
+            got["request"] = json.loads(data)
+            for n, fd in enumerate(fds):
+                with open(fd, "w") as fh:
+                    fh.write(f"file {n}")
+            conn.sendall(b'{"success":true,"err":"","result":{}}')
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    targets = [tmp_path / f"f{n}" for n in range(3)]
+    with contextlib.ExitStack() as stack:
+        opened = [stack.enter_context(open(t, "w")) for t in targets]
+        result = await urpc.call(path, "containerManager.Checkpoint", {"Resume": True},
+                                 files=[f.fileno() for f in opened])
+    thread.join(5)
+    listener.close()
+    assert result == {}
+    assert got["request"] == {"method": "containerManager.Checkpoint", "arg": {"Resume": True}}
+    assert [t.read_text() for t in targets] == ["file 0", "file 1", "file 2"]

@@ -41,10 +41,19 @@ from aenv.core.errors import (
     InDoubt,
     InvalidArgument,
     NotFound,
+    RuntimeFailure,
 )
 from aenv.network.base import NetSlot
 from aenv.runtime import cgroups, exits, oci, urpc
-from aenv.runtime.base import Exit, Instance, MemoryImage, Observed, SandboxSpec, Stats
+from aenv.runtime.base import (
+    IMAGE_FILES,
+    Exit,
+    Instance,
+    MemoryImage,
+    Observed,
+    SandboxSpec,
+    Stats,
+)
 from aenv.runtime.runsc import RUNSC, Runsc, RunscConfig, map_runsc_errors
 
 log = logging.getLogger("aenv.runtime.gvisor")
@@ -56,6 +65,17 @@ _STATUSES = {"created", "running", "paused", "stopped"}
 _ALIVE = {"created", "running", "paused"}
 #: How often ``wait_exit`` asks runsc about a sandbox whose pid it does not know.
 STATE_POLL_S = 1.0
+#: ``containerManager.Checkpoint``'s argument for a save that leaves the sandbox running, as
+#: runsc 20240729's CLI sends it with ``--compression=none --leave-running`` (RUNTIME-NOTES);
+#: the image files follow as descriptors: state, pages metadata, pages.
+_CHECKPOINT_ARG = {
+    "metadata": {"compression": "none"},
+    "MemoryFileSaveOpts": {"ExcludeCommittedZeroPages": False},
+    "have_pages_file": True,
+    "Resume": True,
+}
+#: A save writes the sandbox's memory: seconds for a large one.
+CHECKPOINT_TIMEOUT_S = 300.0
 #: The pause marker's contents (see ``GvisorRuntime.freeze``).
 _FREEZING, _FROZEN, _THAWING = "freezing", "frozen", "thawing"
 
@@ -227,14 +247,35 @@ class GvisorRuntime:
         except FileExistsError as exc:
             raise FailedPrecondition(f"checkpoint destination {dest} already exists") from exc
         try:
-            with map_runsc_errors(sid, "checkpoint", log=self.console_log(sid)):
-                await self.runsc.checkpoint(instance.runtime_id, dest,
-                                            leave_running=leave_running,
-                                            console=self.console_log(sid))
+            if leave_running:
+                await self._checkpoint_over_socket(instance, dest)
+            else:
+                with map_runsc_errors(sid, "checkpoint", log=self.console_log(sid)):
+                    await self.runsc.checkpoint(instance.runtime_id, dest, leave_running=False,
+                                                console=self.console_log(sid))
             return MemoryImage.at(dest)
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)
             raise
+
+    async def _checkpoint_over_socket(self, instance: Instance, dest: Path) -> None:
+        """A save that leaves the sandbox running, as ``containerManager.Checkpoint`` with
+        ``Resume`` on its control socket: what ``runsc checkpoint --leave-running`` sends,
+        without starting the CLI (and its network namespace wrapper) first, ~40-50 ms less.
+        The CLI stays for a save that ends the sandbox: it also tears the container down.
+        An unanswered call is a failure too: the save may have stopped half way, and the
+        image is removed either way."""
+        fds = [os.open(dest / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+               for name in IMAGE_FILES]
+        try:
+            await urpc.call(self.runsc.control_socket(instance.runtime_id),
+                            "containerManager.Checkpoint", _CHECKPOINT_ARG, files=fds,
+                            timeout=CHECKPOINT_TIMEOUT_S)
+        except urpc.CallInDoubt as exc:
+            raise RuntimeFailure(f"checkpoint of sandbox {instance.sandbox_id}: {exc}") from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     async def freeze(self, instance: Instance) -> None:
         """Stop every task of the sandbox, over its control socket (< 1 ms; the CLI takes

@@ -6,13 +6,17 @@ file. Called directly, ``containerManager.Pause`` / ``Resume`` take well under a
 What the CLI also does and a direct call does not: update runsc's state file, so the caller
 owns the truth about what it changed (see ``GvisorRuntime.freeze``).
 
-The reply is ``{"success": bool, "err": str, "result": ...}``.
+The reply is ``{"success": bool, "err": str, "result": ...}``. Calls that take files (a
+checkpoint's image files) pass their descriptors as ``SCM_RIGHTS`` with the request's bytes:
+the sandbox reads them with the first message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,39 +36,47 @@ class CallInDoubt(InDoubt):
 
 
 async def call(socket_path: Path, method: str, arg: Any = None, *,
-               timeout: float = CALL_TIMEOUT_S) -> Any:
-    """Send ``method(arg)`` and return its result.
+               files: Sequence[int] = (), timeout: float = CALL_TIMEOUT_S) -> Any:
+    """Send ``method(arg)``, with the open descriptors ``files`` (the caller keeps and closes
+    them), and return its result.
 
     Raises ``NotFound`` when nothing listens on the socket (the sandbox is gone; nothing was
     sent), ``CallFailed`` when the sandbox answered with an error, ``CallInDoubt`` when the
     request was sent but no complete answer came back.
     """
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_unix_connection(str(socket_path), limit=_MAX_REPLY), timeout
-        )
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
-        raise NotFound(f"no runsc control socket at {socket_path}") from exc
-    except (OSError, TimeoutError) as exc:
-        raise RuntimeFailure(f"cannot reach runsc control socket {socket_path}: {exc!r}") from exc
-    try:
-        writer.write(json.dumps({"method": method, "arg": arg}).encode())
-        reply = await asyncio.wait_for(_read_reply(reader), timeout)
-    except (OSError, TimeoutError, ValueError) as exc:
-        raise CallInDoubt(f"{method} on {socket_path.name}: no answer ({exc!r})") from exc
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, str(socket_path)), timeout)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise NotFound(f"no runsc control socket at {socket_path}") from exc
+        except (OSError, TimeoutError) as exc:
+            raise RuntimeFailure(
+                f"cannot reach runsc control socket {socket_path}: {exc!r}") from exc
+        request = json.dumps({"method": method, "arg": arg}).encode()
+        try:
+            # A request is a few hundred bytes: the first sendmsg takes it whole (or fails).
+            sent = socket.send_fds(sock, [request], list(files)) if files else 0
+            await loop.sock_sendall(sock, request[sent:])
+            reply = await asyncio.wait_for(
+                _read_reply(lambda: loop.sock_recv(sock, 65536)), timeout)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise CallInDoubt(f"{method} on {socket_path.name}: no answer ({exc!r})") from exc
     finally:
-        writer.close()
+        sock.close()
     if not reply.get("success"):
         raise CallFailed(f"{method} on {socket_path.name}: {reply.get('err') or reply}")
     return reply.get("result")
 
 
-async def _read_reply(reader: asyncio.StreamReader) -> dict[str, Any]:
+async def _read_reply(read: Callable[[], Awaitable[bytes]]) -> dict[str, Any]:
     """urpc frames nothing: a reply ends where its JSON object does."""
     decoder = json.JSONDecoder()
     buffer = b""
     while len(buffer) < _MAX_REPLY:
-        chunk = await reader.read(65536)
+        chunk = await read()
         if not chunk:
             break
         buffer += chunk
