@@ -38,13 +38,12 @@ from aenv.core import ids
 from aenv.core.errors import (
     AlreadyExists,
     FailedPrecondition,
-    InDoubt,
     InvalidArgument,
     NotFound,
     RuntimeFailure,
 )
 from aenv.network.base import NetSlot
-from aenv.runtime import cgroups, exits, oci, urpc
+from aenv.runtime import cgroups, exits, gvisor_pause, oci, urpc
 from aenv.runtime.base import (
     IMAGE_FILES,
     Exit,
@@ -76,16 +75,6 @@ _CHECKPOINT_ARG = {
 }
 #: A save writes the sandbox's memory: seconds for a large one.
 CHECKPOINT_TIMEOUT_S = 300.0
-#: The pause marker's contents (see ``GvisorRuntime.freeze``).
-_FREEZING, _FROZEN, _THAWING = "freezing", "frozen", "thawing"
-
-
-def _read_marker(path: Path) -> str | None:
-    try:
-        # Empty: a crash while it was written, so a call may have been under way: in doubt.
-        return path.read_text().strip() or _FREEZING
-    except FileNotFoundError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -278,67 +267,20 @@ class GvisorRuntime:
                 os.close(fd)
 
     async def freeze(self, instance: Instance) -> None:
-        """Stop every task of the sandbox, over its control socket (< 1 ms; the CLI takes
-        ~25-50 ms here).
-
-        runsc's state file still says "running" afterwards, so the driver keeps the truth in
-        ``<sandbox_id>/pause-state``: ``freezing`` before the call, ``frozen`` once it
-        answered. A crash in between leaves ``freezing``: ``observe()`` then reports the
-        sandbox as ``in-doubt``, which recovery resolves by writing it to disk (a checkpoint
-        is right whether or not the pause took effect; a resume of a sandbox that is not
-        paused would kill it).
-        Refuses a frozen sandbox (``FailedPrecondition``) and raises ``InDoubt`` for one in
-        doubt: pauses nest in the sentry, and one resume would no longer undo them.
-        """
-        marker = self._pause_marker(instance.sandbox_id)
-        state = _read_marker(marker)
-        if state == _FROZEN:
-            raise FailedPrecondition(f"sandbox {instance.sandbox_id} is frozen")
-        if state is not None:
-            raise InDoubt(f"sandbox {instance.sandbox_id} is {state}: its pause is in doubt")
-        await self._control(instance, "containerManager.Pause", marker, _FREEZING, undo=None)
-        marker.write_text(_FROZEN)
+        """Stop every task of the sandbox over its control socket (< 1 ms), the truth kept in
+        its ``pause-state`` marker (``runtime/gvisor_pause.py``). Refuses a frozen sandbox
+        (``FailedPrecondition``) and raises ``InDoubt`` for one in doubt."""
+        await gvisor_pause.freeze(self.runsc, instance.runtime_id, instance.sandbox_id,
+                                  self._pause_marker(instance.sandbox_id))
 
     async def thaw(self, instance: Instance) -> None:
-        """Continue a sandbox ``freeze`` stopped. Refuses one that it did not stop
-        (``FailedPrecondition``) or whose pause is in doubt (``InDoubt``): the sentry would
-        kill a sandbox that is resumed while it runs. A sandbox paused with ``runsc pause`` (an
-        older aenv) is resumed with ``runsc resume``."""
-        sid = instance.sandbox_id
-        marker = self._pause_marker(sid)
-        state = _read_marker(marker)
-        if state is None:
-            with map_runsc_errors(sid, "state"):
-                current = await self.runsc.state(instance.runtime_id)
-            if current.status != "paused":
-                raise FailedPrecondition(f"sandbox {sid} is {current.status}, not paused")
-            with map_runsc_errors(sid, "resume"):
-                await self.runsc.resume(instance.runtime_id)
-            return
-        if state != _FROZEN:
-            raise InDoubt(f"sandbox {sid} is {state}: its pause is in doubt")
-        await self._control(instance, "containerManager.Resume", marker, _THAWING, undo=_FROZEN)
-        marker.unlink(missing_ok=True)
+        """Continue a sandbox ``freeze`` stopped (``runtime/gvisor_pause.py``); refuses one it
+        did not stop (``FailedPrecondition``) or whose pause is in doubt (``InDoubt``)."""
+        await gvisor_pause.thaw(self.runsc, instance.runtime_id, instance.sandbox_id,
+                                self._pause_marker(instance.sandbox_id))
 
     def _pause_marker(self, sandbox_id: str) -> Path:
-        return self.sandbox_dir(sandbox_id) / "pause-state"
-
-    async def _control(self, instance: Instance, method: str, marker: Path, during: str, *,
-                       undo: str | None) -> None:
-        """``method`` on the sandbox's control socket, ``marker`` saying ``during`` while the
-        call may be under way. Refused or never sent: the marker goes back to ``undo`` (None:
-        removed). No answer, or cancelled: ``during`` stays, in doubt."""
-        marker.write_text(during)
-        try:
-            await urpc.call(self.runsc.control_socket(instance.runtime_id), method)
-        except (urpc.CallInDoubt, asyncio.CancelledError):
-            raise
-        except BaseException:
-            if undo is None:
-                marker.unlink(missing_ok=True)
-            else:
-                marker.write_text(undo)
-            raise
+        return self.sandbox_dir(sandbox_id) / gvisor_pause.MARKER
 
     async def destroy(self, instance: Instance) -> None:
         """Kill every process of the sandbox and remove its runsc state, cgroups, bundle and
@@ -373,9 +315,7 @@ class GvisorRuntime:
                 # A sandbox that exited after a checkpoint keeps "running" in runsc's file.
                 status = "stopped"
             if status == "running":
-                paused = _read_marker(self._pause_marker(sandbox_id))
-                if paused is not None:
-                    status = "paused" if paused == _FROZEN else "in-doubt"
+                status = gvisor_pause.observed_status(self._pause_marker(sandbox_id)) or status
             found.append(Observed(runtime_id=st.id, sandbox_id=sandbox_id, status=status,
                                   pid=st.pid))
         return found
