@@ -36,6 +36,7 @@ bench: deps bundle
 	$(BIN)/python -m bench.repository_bench
 	$(BIN)/python -m bench.workspace_bench
 	$(BIN)/python -m bench.proxy_bench
+	$(BIN)/python -m bench.burst_bench
 
 lint: deps
 	$(BIN)/ruff check src tests bench
