@@ -1,0 +1,3 @@
+#!/bin/bash
+# Never finishes in time: the test SIGKILLs Harbor while this runs.
+sleep 600

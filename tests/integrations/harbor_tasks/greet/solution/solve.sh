@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+echo "$(cat /app/greeting.txt) world" > /app/hello.txt
