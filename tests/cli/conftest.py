@@ -9,68 +9,24 @@ that no runsc process outlived the node.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from e2b import Sandbox
 
-from tests.server.harness import NodeServer, client_env, serving
+from tests.cli_run import AENV, Cli, Result
+from tests.node_fixtures import node
+from tests.server.harness import NodeServer
 
-AENV = Path(sys.executable).with_name("aenv")
+__all__ = ["AENV", "Cli", "Result", "node"]  # for the tests
+
 CLI_TIMEOUT_S = 120
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    def errors(self) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.startswith("error:")]
-
-    def __str__(self) -> str:
-        return f"exit {self.code}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
-
-
-@dataclass(frozen=True)
-class Cli:
-    node: NodeServer
-    config_dir: Path
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))}
-        env.update(client_env(self.node), COLUMNS="200", NO_COLOR="1",
-                   AENV_CONFIG_DIR=str(self.config_dir))
-        env.update(extra)
-        return env
-
-    def __call__(self, *args: str, input: str | None = None,
-                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Result:
-        started = time.monotonic()
-        done = subprocess.run([str(AENV), *args], env={**self.env(), **(env or {})}, cwd=cwd,
-                              text=True, capture_output=True, timeout=CLI_TIMEOUT_S,
-                              input=input,
-                              stdin=None if input is not None else subprocess.DEVNULL)
-        return Result(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
-
-
-@pytest.fixture(scope="session")
-def node() -> Iterator[NodeServer]:
-    with serving() as server:
-        yield server
 
 
 @pytest.fixture
 def aenv(node: NodeServer, tmp_path: Path) -> Cli:
-    return Cli(node, tmp_path / "aenv-config")
+    return Cli(node, tmp_path / "aenv-config", timeout_s=CLI_TIMEOUT_S)
 
 
 @pytest.fixture

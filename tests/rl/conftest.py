@@ -3,15 +3,16 @@ and a client whose run must leave nothing on the node."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 
 from aenv.client import AsyncClient
 from aenv.rl import RolloutEnv, Task
-from tests.server.harness import API_KEY, NodeServer, serving
+from tests.node_fixtures import config_dir, labelled, node
+from tests.server.harness import API_KEY, NodeServer
+
+__all__ = ["config_dir", "node"]  # the fixtures, for the tests
 
 REPO = "/home/user/repo"
 
@@ -56,28 +57,8 @@ class ScriptedAgent:
             await env.run("python3 -m unittest -q", cwd=REPO)
 
 
-@pytest.fixture(scope="session")
-def node() -> Iterator[NodeServer]:
-    with serving() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No test reads (or writes) the user's own ``~/.config/aenv``."""
-    path = tmp_path / "aenv-config"
-    monkeypatch.setenv("AENV_CONFIG_DIR", str(path))
-    return path
-
-
-def on_node(server: NodeServer, **labels: str) -> list[str]:
-    """Ids of the node's sandboxes (running or paused) carrying ``labels``, over plain HTTP."""
-    query = "&".join(f"{k}={v}" for k, v in labels.items())
-    response = httpx.get(f"{server.url}/v2/sandboxes",
-                         params={"metadata": query} if query else None,
-                         headers={"X-API-KEY": API_KEY}, timeout=30)
-    response.raise_for_status()
-    return sorted(s["sandboxID"] for s in response.json())
+#: The node's sandboxes carrying labels (all of them without).
+on_node = labelled
 
 
 @pytest.fixture

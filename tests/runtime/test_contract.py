@@ -186,6 +186,18 @@ async def _restore(h: Harness, image: MemoryImage, spec: SandboxSpec | None = No
     return instance
 
 
+async def _precreate(h: Harness, spec: SandboxSpec) -> tuple[Instance, NetSlot]:
+    """``precreate`` in a fresh slot, as ``_boot`` boots."""
+    slot = await h.slot()
+    try:
+        instance = await h.runtime.precreate(spec, slot)
+    except BaseException:
+        await h.give_back(slot)
+        raise
+    h.track(instance, spec)
+    return instance, slot
+
+
 async def _statuses(h: Harness, sandbox_id: str) -> list[str]:
     return [o.status for o in await h.runtime.observe() if o.sandbox_id == sandbox_id]
 
@@ -354,13 +366,7 @@ async def test_a_precreated_sandbox_is_created_then_restored_in_place(
     image = await harness.runtime.checkpoint(source, tmp_path / "img", leave_running=True)
 
     spec = harness.spec()
-    slot = await harness.slot()
-    try:
-        pre = await harness.runtime.precreate(spec, slot)
-    except BaseException:
-        await harness.give_back(slot)
-        raise
-    harness.track(pre, spec)
+    pre, slot = await _precreate(harness, spec)
     assert await _statuses(harness, spec.sandbox_id) == ["created"]
     child = await harness.runtime.restore_precreated(pre, image)
     assert child.sandbox_id == spec.sandbox_id and child.net == slot
@@ -370,13 +376,7 @@ async def test_a_precreated_sandbox_is_created_then_restored_in_place(
     # A failed restore into one destroys it (its slot stays the caller's).
     (image.path / IMAGE_FILES[-1]).unlink()
     torn = harness.spec()
-    torn_slot = await harness.slot()
-    try:
-        doomed = await harness.runtime.precreate(torn, torn_slot)
-    except BaseException:
-        await harness.give_back(torn_slot)
-        raise
-    harness.track(doomed, torn)
+    doomed, _ = await _precreate(harness, torn)
     with pytest.raises((FailedPrecondition, RuntimeFailure)):
         await harness.runtime.restore_precreated(doomed, image)
     _assert_nothing_left(harness, torn.sandbox_id,
@@ -392,13 +392,7 @@ async def test_a_precreated_sandbox_restored_as_another_id_is_that_sandbox(
     await harness.write_state(source, "resumed")
     image = await harness.runtime.checkpoint(source, tmp_path / "img", leave_running=True)
     spec = harness.spec()
-    slot = await harness.slot()
-    try:
-        pre = await harness.runtime.precreate(spec, slot)
-    except BaseException:
-        await harness.give_back(slot)
-        raise
-    harness.track(pre, spec)
+    pre, _ = await _precreate(harness, spec)
     resumed_id = ids.new_sandbox_id()
     resumed = await harness.runtime.restore_precreated(pre, image, sandbox_id=resumed_id)
     assert (resumed.sandbox_id, resumed.runtime_id) == (resumed_id, pre.runtime_id)

@@ -9,10 +9,7 @@ CLI's stdout is its result (a template id, a table, JSON); the build's log strea
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -22,41 +19,25 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox, SandboxException, Template
 
+from tests.cli_run import Cli, Result
 from tests.images import push, ready_image
 from tests.registry import Registry, needs_registry, registry
-from tests.server.harness import NodeServer, client_env
+from tests.server.harness import NodeServer
 
 __all__ = ["registry"]  # the fixture, imported for its use below
 
 pytestmark = needs_registry
 
-AENV = Path(sys.executable).with_name("aenv")
 CLI_TIMEOUT_S = 300
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    def errors(self) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.startswith("error:")]
 
 
 def aenv(server: NodeServer, *args: str, cwd: Path | None = None) -> Result:
     """``aenv template <args>`` with the node's URL and key in its environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))}
-    env.update(client_env(server), COLUMNS="200", NO_COLOR="1")
-    started = time.monotonic()
-    done = subprocess.run([str(AENV), "template", *args], env=env, cwd=cwd, text=True,
-                          capture_output=True, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    return Result(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    return Cli(server, timeout_s=CLI_TIMEOUT_S)("template", *args, cwd=cwd)
 
 
 def show(result: Result) -> str:
-    return f"exit {result.code}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    return str(result)
 
 
 @pytest.fixture(scope="module")

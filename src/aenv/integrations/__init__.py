@@ -4,7 +4,9 @@
 * :mod:`aenv.integrations.harbor`: a Harbor environment (``harbor run -e
   aenv.integrations.harbor:AenvEnvironment``) that builds each task's template once and forks
   one sandbox per trial from a prepared parent.
+* :mod:`aenv.integrations.openenv`: an OpenEnv ``ContainerProvider`` that gives each
+  environment client a fork child of one prepared parent per environment image.
 
-Each module imports without its framework installed (aenv's own venv has none of them); only
-the classes that subclass the framework's load it, on first use.
+``harbor`` imports without Harbor installed (Harbor needs Python >= 3.12); ``openenv``
+imports OpenEnv, which is in aenv's dev extra.
 """
