@@ -38,8 +38,14 @@ async def _start_via_envd(booted: Booted, script: str) -> None:
 
 
 async def _counter(sandboxes: SandboxFactory, booted: Booted) -> int:
-    text = await sandboxes.sh(booted, "cat /tmp/counter")
-    return int(text.strip())
+    # The counter's first write may still be under way on a loaded machine (or the file is
+    # between the shell's truncate and its write): read again until there is a number.
+    for _ in range(50):
+        text = (await sandboxes.sh(booted, "cat /tmp/counter 2>/dev/null || true")).strip()
+        if text.isdigit():
+            return int(text)
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no counter in the sandbox: {text!r}")
 
 
 def _respec(sandboxes: SandboxFactory, spec: SandboxSpec) -> SandboxSpec:
