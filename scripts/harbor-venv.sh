@@ -14,7 +14,9 @@ set -euo pipefail
 
 HARBOR_VERSION=0.26.0
 REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=${1:-${AENV_TEST_CACHE:-/var/cache/aenv-test}/harbor-venv}
+# One venv per checkout: it holds this checkout of aenv (editable), and two checkouts on one
+# machine (a CI clone next to a working tree) must not rebuild each other's.
+VENV=${1:-${AENV_TEST_CACHE:-/var/cache/aenv-test}/harbor-venv-$(printf %s "$REPO" | sha256sum | cut -c1-8)}
 STAMP="$VENV/.aenv-harbor-stamp"
 
 # Python >= 3.12: python3.12/python3.13 on PATH (pyenv shims that have no such version

@@ -7,6 +7,7 @@ import typer
 
 from aenv.cli import copy, doctor, execute, info, sandboxes, shell
 from aenv.cli.auth import app as auth_app
+from aenv.cli.bench import app as bench_app
 from aenv.cli.envd import app as envd_app
 from aenv.cli.server import app as server_app
 from aenv.cli.snapshot import app as snapshot_app
@@ -20,6 +21,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(auth_app, name="auth")
+app.add_typer(bench_app, name="bench")
 app.add_typer(envd_app, name="envd")
 app.add_typer(server_app, name="server")
 app.add_typer(snapshot_app, name="snapshot")

@@ -6,8 +6,13 @@ Use: ``harbor run -p DATASET -a AGENT -e aenv.integrations.harbor:AenvEnvironmen
 the node (``docs/integrations.md``).
 
 This module is the Harbor-free half, importable on any Python aenv supports: the process-wide
-:class:`Pool` of templates and prepared parents, and the tree transfers. The two classes Harbor
-loads, :class:`~aenv.integrations.harbor_env.AenvEnvironment` and ``AenvJobPlugin``, subclass
+:class:`Pool` of templates and prepared parents, and the tree transfers. It is a thin layer
+over :mod:`aenv.rl`: a template's prepared parent is a prepared :class:`aenv.rl.Task` (the
+template, ``/logs/{agent,verifier,artifacts}`` made in it), from ``RolloutPool.prepare``, and
+each trial's sandbox comes from ``RolloutPool.fork``; what this module adds is the template
+build and the batching of concurrent fork requests (the node refuses a second concurrent fork
+of one parent). The two classes Harbor loads,
+:class:`~aenv.integrations.harbor_env.AenvEnvironment` and ``AenvJobPlugin``, subclass
 Harbor's own and live in :mod:`aenv.integrations.harbor_env`; they are reached through this
 module's ``__getattr__`` (PEP 562), which imports that module, and so Harbor (Python >= 3.12),
 only when they are asked for. ``import aenv.integrations.harbor`` therefore works in aenv's
@@ -15,12 +20,14 @@ only when they are asked for. ``import aenv.integrations.harbor`` therefore work
 module work for Harbor, which resolves them with ``getattr``.
 
 Owns, per process and run: one :class:`~aenv.client.AsyncClient` (run label ``run=<run id>``
-on every sandbox), one template build per template name, one prepared parent per template,
-and nothing else. A template's name is ``harbor-`` + a hash of the task's environment dir
-(Harbor's ``environment_id``), so equal environments share a template and a changed one gets a
-new one. What a crash leaves: the template (reused by the next run); the parents and children,
-labelled ``run=<run id>`` and ended by the client's exit handlers, ``aenv kill --metadata
-run=<run id>``, or their timeout.
+on every sandbox), one :class:`aenv.rl.RolloutPool` on it (label ``rl_pool=<id>``; it holds
+the parents and children), one template build per template name, one prepared parent per
+template, and nothing else. A template's name is ``harbor-`` + a hash of the task's
+environment dir (Harbor's ``environment_id``), so equal environments share a template and a
+changed one gets a new one. The job's end closes the pool (the parents, and every sandbox
+labelled with it), then the client. What a crash leaves: the template (reused by the next
+run); the parents and children, labelled ``run=<run id>`` and ended by the client's exit
+handlers, ``aenv kill --metadata run=<run id>``, or their timeout.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from e2b import AsyncTemplate
 from aenv.client import AsyncClient, ClientError, Sandbox
 from aenv.client.errors import CapacityError, InfrastructureError
 from aenv.client.sandbox import envd_errors
+from aenv.rl import RolloutPool, Task
 
 log = logging.getLogger("aenv.integrations.harbor")
 
@@ -84,27 +92,40 @@ class TemplateSpec:
 
 @dataclass
 class _Prepared:
-    """A template's parent sandbox and the fork requests waiting for its next fork."""
+    """A template's prepared task and the fork requests waiting for its next fork."""
 
-    parent: Sandbox
+    task: Task
     waiting: list[asyncio.Future[Sandbox]] = field(default_factory=list)
     #: The task serving ``waiting`` (held here: the loop keeps only a weak reference).
     forker: asyncio.Task[None] | None = None
 
 
+def prepared_task(template: str, *, timeout_s: int = SANDBOX_TIMEOUT_S) -> Task:
+    """The :class:`aenv.rl.Task` of a template's prepared parent: the log directories made,
+    as root (the template's user may be another one: then through the sandbox's ``sudo``);
+    no diff roots (Harbor's verifier scores a trial, not a diff)."""
+    dirs = " ".join(LOG_DIRS)
+    make = f"mkdir -p {dirs} && chmod 777 {dirs}"
+    setup = f'if [ "$(id -u)" = 0 ]; then {make}; else sudo sh -c {shlex.quote(make)}; fi'
+    return Task(template=template, setup=(setup,), workdir="/tmp", diff_roots=(),
+                timeout_s=timeout_s)
+
+
 class Pool:
-    """One run's templates, prepared parents and client; shared by the run's trials.
+    """One run's templates and :class:`aenv.rl.RolloutPool` (its prepared parents and fork
+    children) on one client; shared by the run's trials.
 
     ``child(spec)`` is the only way in: the first call for a template builds it (or reuses
-    it, when the node has it and ``force_build`` is not set) and starts its parent; every call
-    forks one child from that parent. Forks asked for while one is under way are served
-    together by the next (one checkpoint for many children, and a parent is never asked for
-    two forks at once, which the node refuses as busy)."""
+    it, when the node has it and ``force_build`` is not set) and has the rollout pool prepare
+    its parent; every call forks one child from that parent. Forks asked for while one is
+    under way are served together by the next (one checkpoint for many children, and a parent
+    is never asked for two forks at once, which the node refuses as busy)."""
 
     def __init__(self, run_id: str, *, sandbox_timeout_s: int = SANDBOX_TIMEOUT_S) -> None:
         self.run_id = run_id
         self.sandbox_timeout_s = sandbox_timeout_s
         self.client = AsyncClient(run_id=run_id)
+        self.rollouts = RolloutPool(self.client, rollout_timeout_s=sandbox_timeout_s)
         self._prepared: dict[str, _Prepared] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         #: Template builds this pool ran, and templates it found on the node (for tests/logs).
@@ -119,16 +140,21 @@ class Pool:
             prepared.forker = asyncio.create_task(self._fork_waiting(prepared))
         return await future
 
+    async def kill(self, sandbox: Sandbox) -> None:
+        """Kill one trial's child now (never raises: the pool logs a failed kill)."""
+        await self.rollouts.kill(sandbox)
+
     async def _prepare(self, spec: TemplateSpec, force_build: bool) -> _Prepared:
         lock = self._locks.setdefault(spec.name, asyncio.Lock())
         async with lock:
             if spec.name in self._prepared:
                 return self._prepared[spec.name]
+            task = prepared_task(spec.name, timeout_s=self.sandbox_timeout_s)
             reuse = not force_build and await AsyncTemplate.exists(
                 spec.name, **self._sdk_params())
             if reuse:
                 try:
-                    parent = await self._start_parent(spec)
+                    await self._start_parent(task)
                 except (ClientError, OSError) as exc:
                     if isinstance(exc, CapacityError):
                         raise
@@ -138,10 +164,10 @@ class Pool:
                     reuse = False
             if not reuse:
                 await self._build(spec, force=force_build)
-                parent = await self._start_parent(spec)
+                await self._start_parent(task)
             else:
                 self.reused.append(spec.name)
-            self._prepared[spec.name] = _Prepared(parent)
+            self._prepared[spec.name] = _Prepared(task)
             return self._prepared[spec.name]
 
     async def _build(self, spec: TemplateSpec, *, force: bool) -> None:
@@ -152,18 +178,9 @@ class Pool:
             **self._sdk_params())
         self.built.append(spec.name)
 
-    async def _start_parent(self, spec: TemplateSpec) -> Sandbox:
-        parent = await self.client.create(
-            spec.name, timeout=self.sandbox_timeout_s,
-            metadata={"harbor.template": spec.name})  # the children inherit it
-        try:
-            dirs = " ".join(LOG_DIRS)
-            await parent.run(f"mkdir -p {dirs} && chmod 777 {dirs}", user="root", check=True)
-        except BaseException:
-            await parent.kill()
-            raise
-        log.info("template %s: prepared parent %s", spec.name, parent.sandbox_id)
-        return parent
+    async def _start_parent(self, task: Task) -> None:
+        parent = await self.rollouts.prepare(task)  # a failed prepare kills its sandbox
+        log.info("template %s: prepared parent %s", task.template, parent.sandbox_id)
 
     async def _fork_waiting(self, prepared: _Prepared) -> None:
         """Serve the waiting fork requests, in batches, until none is left."""
@@ -171,8 +188,7 @@ class Pool:
             while prepared.waiting:
                 batch, prepared.waiting = prepared.waiting, []
                 try:
-                    forked = await self.client.fork(prepared.parent.sandbox_id, len(batch),
-                                                    timeout=self.sandbox_timeout_s)
+                    forked = await self.rollouts.fork(prepared.task, len(batch))
                     children, errors = list(forked), list[BaseException](forked.errors)
                 except Exception as exc:
                     children, errors = [], [exc]
@@ -183,18 +199,21 @@ class Pool:
                         future.set_result(children.pop())
                     else:
                         future.set_exception(errors[0] if errors else InfrastructureError(
-                            f"fork of {prepared.parent.sandbox_id} gave too few children"))
+                            f"a fork of template {prepared.task.template}'s parent gave too "
+                            "few children"))
                 for orphan in children:  # asked for by a trial that was cancelled meanwhile
-                    await orphan.kill()
+                    await self.rollouts.kill(orphan)
         finally:
             prepared.forker = None
 
     async def aclose(self) -> None:
-        """Kill the parents and every other sandbox of the run; close the client."""
-        parents = [p.parent.sandbox_id for p in self._prepared.values()]
+        """Close the rollout pool (its parents, children and whatever carries its label),
+        then the client (whatever else carries the run's label)."""
         self._prepared.clear()
-        await asyncio.gather(*(self.client.kill(p) for p in parents), return_exceptions=True)
-        await self.client.aclose()
+        try:
+            await self.rollouts.aclose()
+        finally:
+            await self.client.aclose()
 
     def _sdk_params(self) -> dict[str, Any]:
         config = self.client.config

@@ -9,15 +9,16 @@ start
   Prerequisites: the task has ``environment/Dockerfile`` (or ``[environment] docker_image``)
   whose ``FROM`` the node resolves offline (``e2bdev/base``, a template, a reachable registry);
   ``E2B_API_URL``/``E2B_API_KEY`` (or ``aenv auth``) name the node.
-  On success: the trial's sandbox is a fork child of its template's prepared parent, with
-  ``/logs/{agent,verifier,artifacts}``; the template was built (or found) and the parent
-  started by the first trial of the process that needed them.
+  On success: the trial's sandbox is a fork child (``RolloutPool.fork``) of its template's
+  prepared parent (an :mod:`aenv.rl` prepared task), with ``/logs/{agent,verifier,artifacts}``;
+  the template was built (or found) and the parent prepared by the first trial of the
+  process that needed them.
   On failure: the build's or the node's error (``aenv.client`` errors: ``CapacityError``,
   ``SandboxLost``… infrastructure, apart from the task); Harbor records it as the trial's
   exception, not as a reward.
 stop
-  Kills the child (``delete``; with ``--no-delete`` it is left to the job's end). Never raises:
-  a child that is gone already is what stop wants.
+  Kills the child through the pool (``delete``; with ``--no-delete`` it is left to the job's
+  end). Never raises: a child that is gone already is what stop wants.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.definition import parse_dockerfile_workdir
 from harbor.models.job.plugin import BaseJobPlugin
 
-from aenv.client import ClientError, Sandbox
+from aenv.client import Sandbox
 from aenv.integrations.harbor import (
     SANDBOX_TIMEOUT_S,
+    Pool,
     TemplateSpec,
     close_pools,
     download_tree,
@@ -60,6 +62,7 @@ class AenvEnvironment(BaseEnvironment):
         self._run_id = run_id
         self._sandbox_timeout_s = int(sandbox_timeout_sec)
         self._sandbox: Sandbox | None = None
+        self._pool: Pool | None = None
         super().__init__(*args, **kwargs)
         dockerfile = self.environment_dir / "Dockerfile"
         self._dockerfile = dockerfile if dockerfile.is_file() else None
@@ -95,19 +98,17 @@ class AenvEnvironment(BaseEnvironment):
         spec = TemplateSpec(template_name(self.environment_id), self.environment_dir,
                             dockerfile=self._dockerfile,
                             image=self.task_env_config.docker_image)
-        runs = pool(self.run_id, sandbox_timeout_s=self._sandbox_timeout_s)
-        self._sandbox = await runs.child(spec, force_build=force_build)
+        self._pool = pool(self.run_id, sandbox_timeout_s=self._sandbox_timeout_s)
+        self._sandbox = await self._pool.child(spec, force_build=force_build)
         self.logger.info(f"aenv sandbox {self._sandbox.sandbox_id} (template {spec.name}, "
                          f"run {self.run_id})")
         await self.ensure_dirs(self._mount_targets(writable_only=True))
 
     async def stop(self, delete: bool) -> None:
-        if self._sandbox is None or not delete:
+        if self._sandbox is None or self._pool is None or not delete:
             return
-        try:
-            await self._sandbox.kill()
-        except ClientError as exc:  # it ends by its timeout, or with the run, anyway
-            self.logger.warning(f"aenv: kill of {self._sandbox.sandbox_id} failed: {exc}")
+        # The pool logs a failed kill: the child ends by its timeout, or with the pool.
+        await self._pool.kill(self._sandbox)
         self._sandbox = None
 
     async def exec(self, command: str, cwd: str | None = None,
@@ -145,9 +146,9 @@ class AenvEnvironment(BaseEnvironment):
 
 
 class AenvJobPlugin(BaseJobPlugin):
-    """``--plugin aenv.integrations.harbor:AenvJobPlugin``: at the job's end, kill the prepared
-    parents (and anything else of the run). Without it they die at the process's exit (the
-    client's ``atexit``) or by their timeout."""
+    """``--plugin aenv.integrations.harbor:AenvJobPlugin``: at the job's end, close the pools:
+    the prepared parents, everything labelled with a pool, and anything else of the run.
+    Without it they die at the process's exit (the client's ``atexit``) or by their timeout."""
 
     async def on_job_start(self, job: Any) -> None:
         return None

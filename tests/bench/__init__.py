@@ -1,0 +1,1 @@
+"""Tests of the benchmarks that users run through the CLI (``aenv bench``)."""
