@@ -7,7 +7,6 @@ STAMP := $(VENV)/.installed
 SYSTEM_STAMP := /var/lib/aenv-dev/.system-deps
 GEN := src/aenv/envd/gen
 PYTEST_ARGS ?=
-TEST_WORKERS ?= 2
 
 .PHONY: run run-envd test bench lint gen deps system-deps bundle clean
 
@@ -21,15 +20,11 @@ run: deps
 run-envd: deps bundle
 	$(BIN)/python -m tests.envd.harness serve --port $${AENV_ENVD_PORT:-49983}
 
-# Two pytest workers, a test module each at a time; then the tests of fixed host resources
-# (network slots from 61,000, the runtime's own cgroup parent) on their own (tests/conftest.py).
-SERIAL_TESTS := tests/network tests/runtime
-test: deps bundle
+test: deps
 	$(BIN)/ruff check src tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(addprefix --ignore=,$(SERIAL_TESTS)) $(PYTEST_ARGS)
-	$(BIN)/pytest $(PYTEST_ARGS) $(SERIAL_TESTS)
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 # envd alone (bubblewrap), then the node server with real gVisor sandboxes (needs root), then
 # the sandbox lifecycle: create from template, pause/resume, snapshot, fork (15-20 min here).

@@ -97,12 +97,8 @@ def _slot_range() -> dict[str, str]:
     # 40 ranges of 100 slots per test session, reused in turn (a session starts more servers
     # than that). A server on a range still in use is refused by the slot lock, so wrapping onto
     # a live one fails loudly; what a killed one left in its range the next one's sweep takes.
-    # AENV_TEST_SLOT_BASE: a block of 4,000 slots of one's own (parallel test sessions); each
-    # xdist worker of a session takes the next block (gw0 the first).
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
-    default = 20_000 + (os.getpid() % 5) * 4_000 if not worker else 20_000
-    base = int(os.environ.get("AENV_TEST_SLOT_BASE", default)) + index * 4_000
+    # AENV_TEST_SLOT_BASE: a block of 4,000 slots of one's own (parallel test sessions).
+    base = int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 5) * 4_000))
     first = base + (_servers_started % 40) * 100
     _servers_started += 1
     return {"net_first_index": str(first), "net_last_index": str(first + 99)}
@@ -181,18 +177,6 @@ def start_server(port: int, home: Path | None = None, **settings: str) -> NodeSe
     if seeded:
         _copy_images(home / "repository", SEED, only_new=True)
     return server
-
-
-def prepare_shared_caches() -> None:
-    """Fill what test servers share and make on first use — the base template's layers
-    (``AENV_LAYERS_DIR``) and its memory image (``SEED``) — by starting one server and
-    stopping it: before parallel test workers start, so they do not all build them at once."""
-    node = start_server(free_port())
-    try:
-        node.stop()
-    finally:
-        kill_leaked(node.home)
-        cleanup_home(node.home)
 
 
 def leaked_sandboxes(home: Path) -> list[int]:
