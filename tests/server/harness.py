@@ -88,18 +88,22 @@ def wait_healthy(server: NodeServer, timeout: float = 600.0) -> None:
 
 
 _servers_started = 0
+#: Slot ranges of 100 per test session (see ``_slot_range``).
+RANGES = 100
 
 
 def _slot_range() -> dict[str, str]:
     """A network slot range of its own for each test server: two servers sharing slots would
     sweep each other's network namespaces at start."""
     global _servers_started
-    # 40 ranges of 100 slots per test session, reused in turn (a session starts more servers
-    # than that). A server on a range still in use is refused by the slot lock, so wrapping onto
-    # a live one fails loudly; what a killed one left in its range the next one's sweep takes.
-    # AENV_TEST_SLOT_BASE: a block of 4,000 slots of one's own (parallel test sessions).
-    base = int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 5) * 4_000))
-    first = base + (_servers_started % 40) * 100
+    # 100 ranges of 100 slots per test session, reused in turn: more than a whole suite starts
+    # servers (~60), so a range comes round again only in a longer session. A server on a range
+    # still in use (a session-scoped node) is refused by the slot lock, so wrapping onto a live
+    # one fails loudly; what a killed one left in its range the next one's sweep takes.
+    # AENV_TEST_SLOT_BASE: a block of 10,000 slots of one's own (parallel test sessions); the
+    # default blocks end below 60,000 (tests/network uses 61,000 and up).
+    base = int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 4) * 10_000))
+    first = base + (_servers_started % RANGES) * 100
     _servers_started += 1
     return {"net_first_index": str(first), "net_last_index": str(first + 99)}
 
