@@ -32,7 +32,7 @@ import contextlib
 import logging
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,16 +63,19 @@ class Shape:
     disk_image: Path | None
 
 
-def shape_of(node: Node, template: Template) -> Shape:
+def shape(layers: Sequence[Path], envd_bundle: Path, cpu_count: int, memory_mb: int,
+          disk_image: Path | None) -> Shape:
     # Real paths: a fork child's layers come from its parent's mount record, a template's
     # from the layer store, and the two must compare equal when they are the same.
-    return Shape(
-        layers=tuple(Path(os.path.realpath(p)) for p in template.layers),
-        envd_bundle=Path(os.path.realpath(template.envd_bundle or node.envd_bundle)),
-        cpu_count=template.cpu_count or node.settings.default_cpu_count,
-        memory_mb=template.memory_mb or node.settings.default_memory_mb,
-        disk_image=template.disk_image,
-    )
+    return Shape(layers=tuple(Path(os.path.realpath(p)) for p in layers),
+                 envd_bundle=Path(os.path.realpath(envd_bundle)), cpu_count=cpu_count,
+                 memory_mb=memory_mb, disk_image=disk_image)
+
+
+def shape_of(node: Node, template: Template) -> Shape:
+    return shape(template.layers, template.envd_bundle or node.envd_bundle,
+                 template.cpu_count or node.settings.default_cpu_count,
+                 template.memory_mb or node.settings.default_memory_mb, template.disk_image)
 
 
 @dataclass(frozen=True)

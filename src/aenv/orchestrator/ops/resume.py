@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import time
 from contextlib import nullcontext
@@ -51,7 +50,7 @@ from aenv.orchestrator.ops.boot import Laps, release
 from aenv.orchestrator.ops.lifetime import set_timeout
 from aenv.orchestrator.ops.settle import settled
 from aenv.orchestrator.ops.teardown import teardown
-from aenv.orchestrator.precreated import Precreated, Shape
+from aenv.orchestrator.precreated import Precreated, shape
 from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
 from aenv.store.models import SandboxRecord
 
@@ -207,10 +206,8 @@ async def _adopt_precreated(node: Node, record: SandboxRecord, bundle: Path
     lowers = node.rootfs.recorded_lowers(record.sandbox_id)
     if lowers is None:
         return None
-    shape = Shape(layers=tuple(Path(os.path.realpath(p)) for p in lowers),
-                  envd_bundle=Path(os.path.realpath(bundle)), cpu_count=record.cpu_count,
-                  memory_mb=record.memory_mb, disk_image=None)
-    pre = node.precreated.take_shape(shape)
+    pre = node.precreated.take_shape(
+        shape(lowers, bundle, record.cpu_count, record.memory_mb, disk_image=None))
     if pre is None:
         return None
     try:
