@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 SYSTEM_STAMP := /var/lib/aenv-dev/.system-deps
 GEN := src/aenv/envd/gen
 PYTEST_ARGS ?=
+# make test: the suite as TEST_SHARDS pytest processes side by side (tests/shards.py).
+export TEST_SHARDS ?= 3
 
 .PHONY: run run-envd test bench lint gen deps system-deps bundle clean
 
@@ -24,7 +26,7 @@ test: deps
 	$(BIN)/ruff check src tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/python -m tests.shards $(PYTEST_ARGS)
 
 # envd alone (bubblewrap), then the node server with real gVisor sandboxes (needs root), then
 # the sandbox lifecycle: create from template, pause/resume, snapshot, fork (15-20 min here).

@@ -101,7 +101,7 @@ def dev_static(source_name: str, out_name: str) -> Path:
     out = REPO / "build" / "dev" / out_name
     if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
+        tmp = out.with_name(f".{out_name}.{os.getpid()}.tmp")  # shards build at once
         subprocess.run(["gcc", "-static", "-Os", "-o", str(tmp), str(source)], check=True)
         tmp.replace(out)
     return out

@@ -83,6 +83,13 @@ class InternetPeer:
 
     def start(self) -> None:
         self.stop()  # leftovers of a crashed run with the same tag
+        try:
+            self._start()
+        except BaseException:
+            self.stop()  # a half-made peer would fail every later start with "File exists"
+            raise
+
+    def _start(self) -> None:
         sh("ip", "netns", "add", self.netns)
         sh(
             "ip", "-batch", "-",

@@ -36,7 +36,9 @@ TASK = Task(
     files={f"{REPO}/calc.py": CALC, f"{REPO}/test_calc.py": TEST},
     setup=(f"cd {REPO} && git init -q && git add -A && "
            "git -c user.email=t@t -c user.name=t commit -qm 'a failing test'",
-           f"cd {REPO} && ! python3 -m unittest -q 2>/dev/null"),  # it does fail
+           # -B: a bytecode cache written now would outlive a same-size fix made within the
+           # same second (its key is the source's size and mtime in whole seconds).
+           f"cd {REPO} && ! python3 -B -m unittest -q 2>/dev/null"),  # it does fail
     prompt="Fix the failing test in /home/user/repo.",
 )
 #: Passing tests (exit 0) score 1.0, failing ones 0.0.

@@ -183,6 +183,18 @@ def start_server(port: int, home: Path | None = None, **settings: str) -> NodeSe
     return server
 
 
+def prepare_shared_caches() -> None:
+    """Fill what test servers share and make on first use — the base template's layers
+    (``AENV_LAYERS_DIR``) and its memory image (:data:`SEED`) — by starting one server and
+    stopping it, before test processes that would all build them at once start."""
+    node = start_server(free_port())
+    try:
+        node.stop()
+    finally:
+        kill_leaked(node.home)
+        cleanup_home(node.home)
+
+
 def leaked_sandboxes(home: Path) -> list[int]:
     """PIDs of runsc processes still running for ``home`` (should be none after a stop that
     followed killing every sandbox: the warm pool must clean up after itself)."""
@@ -238,6 +250,10 @@ def kill_all_sandboxes() -> None:
         list(pool.map(Sandbox.kill, ids))
 
 
+#: The nodes of :func:`serving` still running, oldest first.
+_live: list[NodeServer] = []
+
+
 @contextlib.contextmanager
 def serving(**settings: str) -> Iterator[NodeServer]:
     """A node server with ``settings``, the SDK's environment pointed at it meanwhile; at the
@@ -246,19 +262,27 @@ def serving(**settings: str) -> Iterator[NodeServer]:
     saved = {k: os.environ.get(k) for k in (*client_env(node), "E2B_DEBUG")}
     os.environ.update(client_env(node))
     os.environ.pop("E2B_DEBUG", None)
+    _live.append(node)
     try:
         yield node
     finally:
         try:
+            os.environ.update(client_env(node))  # a later node may have taken the SDK
             kill_all_sandboxes()
         finally:
             node.stop()
             leaked = kill_leaked(node.home)
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            _live.remove(node)
+            if _live:
+                # Scopes need not nest (a session node started inside a module's): the SDK
+                # goes back to the newest node still serving, not to what was set before us.
+                os.environ.update(client_env(_live[-1]))
+            else:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
             if "Traceback" in node.log():
                 print("server log contains tracebacks:\n" + node.log()[-8000:])
             cleanup_home(node.home)
