@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_run import AENV
+from tests.server.harness import slot_base
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -24,6 +25,9 @@ def test_quick_run_reports_three_modes_and_fork_is_cheaper(tmp_path: Path) -> No
     out, plot = tmp_path / "rl.json", tmp_path / "rl.svg"
     # No E2B_*: the benchmark starts a node of its own per mode (not a session node's URL).
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    # Its nodes take slots from the upper half of this session's block (the lower half is
+    # where this session's own nodes are, one of them maybe still running).
+    env["AENV_TEST_SLOT_BASE"] = str(slot_base() + 5_000)
     done = subprocess.run(
         [str(AENV), "bench", "rl", "--quick", "--files", "300", "--out", str(out),
          "--svg", str(plot)],

@@ -45,8 +45,6 @@ def sdk_sandbox(url: str, token: str | None = None) -> Sandbox:
 def envd() -> Iterator[EnvdSandbox]:
     bundle = os.environ.get("AENV_TEST_BUNDLE")
     sandbox = start_envd(free_port(), bundle=Path(bundle) if bundle else None)
-    os.environ["E2B_DEBUG"] = "true"
-    os.environ["E2B_SANDBOX_URL"] = sandbox.url
     try:
         yield sandbox
     finally:
@@ -54,6 +52,16 @@ def envd() -> Iterator[EnvdSandbox]:
         sandbox.stop()
         if "Traceback" in log:
             print("envd log contains tracebacks:\n" + log[-5000:])
+
+
+@pytest.fixture(autouse=True)
+def sdk_debug_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK in debug mode, pointed at envd, for the tests that use it — set per test, so
+    that tests of a node run later in the same process find the SDK pointed at their node."""
+    if "envd" in request.fixturenames:
+        envd: EnvdSandbox = request.getfixturevalue("envd")
+        monkeypatch.setenv("E2B_DEBUG", "true")
+        monkeypatch.setenv("E2B_SANDBOX_URL", envd.url)
 
 
 @pytest.fixture

@@ -92,6 +92,11 @@ _servers_started = 0
 RANGES = 100
 
 
+def slot_base() -> int:
+    """The first slot of this test session's block of 10,000 (see ``_slot_range``)."""
+    return int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 4) * 10_000))
+
+
 def _slot_range() -> dict[str, str]:
     """A network slot range of its own for each test server: two servers sharing slots would
     sweep each other's network namespaces at start."""
@@ -102,8 +107,7 @@ def _slot_range() -> dict[str, str]:
     # one fails loudly; what a killed one left in its range the next one's sweep takes.
     # AENV_TEST_SLOT_BASE: a block of 10,000 slots of one's own (parallel test sessions); the
     # default blocks end below 60,000 (tests/network uses 61,000 and up).
-    base = int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 4) * 10_000))
-    first = base + (_servers_started % RANGES) * 100
+    first = slot_base() + (_servers_started % RANGES) * 100
     _servers_started += 1
     return {"net_first_index": str(first), "net_last_index": str(first + 99)}
 
@@ -254,6 +258,12 @@ def kill_all_sandboxes() -> None:
 _live: list[NodeServer] = []
 
 
+def newest(nodes: list[NodeServer]) -> NodeServer | None:
+    """Of ``nodes``, the one started last by :func:`serving` and still serving."""
+    live = [n for n in nodes if n in _live]
+    return max(live, key=_live.index) if live else None
+
+
 @contextlib.contextmanager
 def serving(**settings: str) -> Iterator[NodeServer]:
     """A node server with ``settings``, the SDK's environment pointed at it meanwhile; at the
@@ -277,6 +287,7 @@ def serving(**settings: str) -> Iterator[NodeServer]:
                 # Scopes need not nest (a session node started inside a module's): the SDK
                 # goes back to the newest node still serving, not to what was set before us.
                 os.environ.update(client_env(_live[-1]))
+                os.environ.pop("E2B_DEBUG", None)
             else:
                 for key, value in saved.items():
                     if value is None:

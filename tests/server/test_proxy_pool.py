@@ -113,8 +113,12 @@ def test_streams_both_ways(guest: tuple[Sandbox, httpx.Client]) -> None:
     with client.stream("GET", "/stream") as response:
         lines = response.iter_lines()
         assert next(lines) == "first"
-        threading.Thread(target=lambda: client.get("/release")).start()
+        release = threading.Thread(target=lambda: client.get("/release"))
+        release.start()
         assert next(lines) == "second"
+        # Before the client closes (at the fixture's end), or the release has its socket
+        # closed under it.
+        release.join(30)
 
 
 def test_pause_closes_pooled_connections(guest: tuple[Sandbox, httpx.Client]) -> None:
