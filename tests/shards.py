@@ -10,10 +10,11 @@ cycles): one process keeps this 2-core machine ~20 % busy and takes ~40 min. Her
 - **Alone first**: :data:`ALONE` runs before the shards, in one pytest process with nothing
   beside it. ``tests/network`` and ``tests/runtime`` use fixed host resources (slot indices
   from 61,000, one cgroup parent, one "internet" peer whose private address has a single host
-  route); the template tests cold-start images and, run beside the other shards (2026-12-02),
-  lost sandboxes to something not yet found (their commands ran without the image's
-  user, workdir or files; their sandboxes outlived the node's stop). Until that is understood
-  they run alone.
+  route). The template tests failed on a shard once (2026-12-02: their commands ran without
+  the image's user, workdir or files, their sandboxes outlived the node). The cause was the
+  envd tests' session-wide ``E2B_DEBUG``, which sent the SDK to a bubblewrap envd instead of
+  the node (fixed: the SDK environment is now set per test); they stay here until a run with
+  them on the shards confirms it.
 - **Units, not tests**: a shard runs whole files, so a module's session node starts once per
   shard.
 - **Balanced by measured time**: units go longest first to the least-loaded shard, by the
