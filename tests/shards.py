@@ -8,13 +8,9 @@ cycles): one process keeps this 2-core machine ~20 % busy and takes ~40 min. Her
   template's layers (``AENV_LAYERS_DIR``) and memory image (the harness' seed) exist before
   any shard needs them — no two shards build them at once, and no test finds them missing.
 - **Alone first**: :data:`ALONE` runs before the shards, in one pytest process with nothing
-  beside it. ``tests/network`` and ``tests/runtime`` use fixed host resources (slot indices
+  beside it: ``tests/network`` and ``tests/runtime`` use fixed host resources (slot indices
   from 61,000, one cgroup parent, one "internet" peer whose private address has a single host
-  route). The template tests failed on a shard once (2026-12-02: their commands ran without
-  the image's user, workdir or files, their sandboxes outlived the node). The cause was the
-  envd tests' session-wide ``E2B_DEBUG``, which sent the SDK to a bubblewrap envd instead of
-  the node (fixed: the SDK environment is now set per test); they stay here until a run with
-  them on the shards confirms it.
+  route).
 - **Units, not tests**: a shard runs whole files, so a module's session node starts once per
   shard.
 - **Balanced by measured time**: units go longest first to the least-loaded shard, by the
@@ -48,8 +44,7 @@ DURATIONS = TESTS / "durations.json"
 MEASURED = REPO / "build" / "test-durations.json"
 LOGS = REPO / "build" / "test-logs"
 #: Run before the shards, alone (see the module docstring): directories and files.
-ALONE = ("tests/network", "tests/runtime", "tests/server/test_templates.py",
-         "tests/server/test_template_cli.py")
+ALONE = ("tests/network", "tests/runtime")
 #: The seconds a test file with no recorded duration is assumed to take.
 UNKNOWN_S = 20.0
 #: Slot blocks of 10,000 from here, one per shard (tests/server/harness.py); below 61,000.
