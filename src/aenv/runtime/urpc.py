@@ -59,7 +59,10 @@ async def call(socket_path: Path, method: str, arg: Any = None, *,
         try:
             # A request is a few hundred bytes: the first sendmsg takes it whole (or fails).
             sent = socket.send_fds(sock, [request], list(files)) if files else 0
-            await loop.sock_sendall(sock, request[sent:])
+            if sent < len(request):
+                # Not an empty send once all went with the descriptors: a sandbox that has
+                # answered and closed already would make even that fail with EPIPE.
+                await loop.sock_sendall(sock, request[sent:])
             reply = await asyncio.wait_for(
                 _read_reply(lambda: loop.sock_recv(sock, 65536)), timeout)
         except (OSError, TimeoutError, ValueError) as exc:
