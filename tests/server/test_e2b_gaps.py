@@ -100,7 +100,8 @@ def test_a_command_past_its_timeout_is_a_timeout(sandbox: Sandbox) -> None:
     with pytest.raises(TimeoutException):
         handle.wait()
     # envd killed both: the timeout is the process's lifetime.
-    assert "sleep 3" not in sandbox.commands.run("ps -eo args").stdout
+    # Whole lines: another test's "sleep 31" in the same sandbox contains "sleep 3".
+    assert "sleep 3" not in sandbox.commands.run("ps -eo args").stdout.splitlines()
 
 
 @pytest.mark.anyio
