@@ -13,7 +13,7 @@ cycles): one process keeps this 2-core machine ~20 % busy and takes ~40 min. Her
   route).
 - **Units, not tests**: a shard runs whole files, so a module's session node starts once per
   shard.
-- **Balanced by measured time**: units go longest first to the least-loaded shard, by the
+- **Balanced by measured time**: files go longest first to the least-loaded shard, by the
   seconds in ``tests/durations.json`` (a file not in it counts :data:`UNKNOWN_S`). Every run
   writes what it measured to ``build/test-durations.json``; copy it over the committed one
   when the suite's shape changes.
@@ -54,7 +54,7 @@ SLOT_BASE = 20_000
 @dataclass
 class Shard:
     index: int
-    units: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
     expected_s: float = 0.0
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
@@ -77,25 +77,21 @@ def _alone(relative: str) -> bool:
     return any(relative == a or relative.startswith(a + "/") for a in ALONE)
 
 
-def test_units() -> dict[str, list[str]]:
-    """Every unit of the shards (a test file): its name and the paths pytest is given for it;
-    without the files of :data:`ALONE`."""
-    return {relative: [relative] for path in sorted(TESTS.rglob("test_*.py"))
-            if not _alone(relative := path.relative_to(REPO).as_posix())}
+def test_files() -> list[str]:
+    """Every test file of the shards (repository-relative), without those of :data:`ALONE`."""
+    return [relative for path in sorted(TESTS.rglob("test_*.py"))
+            if not _alone(relative := path.relative_to(REPO).as_posix())]
 
 
-def expected_seconds(units: dict[str, list[str]], recorded: dict[str, float]) -> dict[str, float]:
-    return {name: sum(recorded.get(p, UNKNOWN_S) for p in paths) for name, paths in units.items()}
-
-
-def plan(seconds: dict[str, float], shards: int) -> list[Shard]:
-    """Longest unit first onto the shard expected to end first (LPT scheduling)."""
+def plan(files: list[str], recorded: dict[str, float], shards: int) -> list[Shard]:
+    """Longest file first onto the shard expected to end first (LPT scheduling)."""
+    seconds = {f: recorded.get(f, UNKNOWN_S) for f in files}
     planned = [Shard(i) for i in range(shards)]
     for name in sorted(seconds, key=lambda n: (-seconds[n], n)):
         shard = min(planned, key=lambda s: (s.expected_s, s.index))
-        shard.units.append(name)
+        shard.paths.append(name)
         shard.expected_s += seconds[name]
-    return [s for s in planned if s.units]
+    return [s for s in planned if s.paths]
 
 
 def prepare() -> None:
@@ -163,22 +159,21 @@ def main() -> int:
     if known.shards <= 1 or not _sharded(pytest_args):
         return subprocess.call([sys.executable, "-m", "pytest", *pytest_args], cwd=REPO)
 
-    units = test_units()
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    shards = plan(expected_seconds(units, recorded), known.shards)
+    shards = plan(test_files(), recorded, known.shards)
     LOGS.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     prepare()
     print(f"prepared in {time.monotonic() - began:.0f} s; {len(shards)} shards:", flush=True)
-    alone = Shard(len(shards), units=list(ALONE), name="alone")
+    alone = Shard(len(shards), paths=list(ALONE), name="alone")
     print(f"  alone first: {', '.join(ALONE)}", flush=True)
     for shard in shards:
-        print(f"  shard {shard.index}: ~{shard.expected_s:.0f} s, {', '.join(shard.units)}",
+        print(f"  shard {shard.index}: ~{shard.expected_s:.0f} s, {', '.join(shard.paths)}",
               flush=True)
     start(alone, list(ALONE), pytest_args)
     ended = wait_all([alone])
     for shard in shards:
-        start(shard, [p for name in shard.units for p in units[name]], pytest_args)
+        start(shard, shard.paths, pytest_args)
     ended += wait_all(shards)
 
     measured = merge_durations(ended)

@@ -254,6 +254,15 @@ def kill_all_sandboxes() -> None:
         list(pool.map(Sandbox.kill, ids))
 
 
+def restore_environ(saved: dict[str, str | None]) -> None:
+    """Put back environment variables as they were (``None``: it was not set)."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 #: The nodes of :func:`serving` still running, oldest first.
 _live: list[NodeServer] = []
 
@@ -289,11 +298,7 @@ def serving(**settings: str) -> Iterator[NodeServer]:
                 os.environ.update(client_env(_live[-1]))
                 os.environ.pop("E2B_DEBUG", None)
             else:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
+                restore_environ(saved)
             if "Traceback" in node.log():
                 print("server log contains tracebacks:\n" + node.log()[-8000:])
             cleanup_home(node.home)

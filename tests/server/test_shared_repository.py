@@ -36,6 +36,7 @@ from tests.server.harness import (
     cleanup_home,
     client_env,
     kill_leaked,
+    restore_environ,
     start_server,
 )
 
@@ -49,11 +50,7 @@ def sdk_env(node: NodeServer) -> Iterator[None]:
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_environ(saved)
 
 
 def s3_settings(s3: S3Server, prefix: str) -> dict[str, str]:
