@@ -2,8 +2,9 @@
 ways, and what each costs in environment-seconds, memory GB-hours and disk.
 
 The workload (``bench/rl/workload.py``): ``--tasks`` tasks, each with a real setup step (a
-generated Python package of ``--files`` modules, a venv it is installed into, byte-compiled,
-committed to git, its suite run once), then ``--group`` rollouts per task, each four agent
+generated Python package of ``--files`` modules, a venv with the ``--deps`` installed by pip
+from real wheels, the package installed into it, byte-compiled, committed to git, its suite
+run once), then ``--group`` rollouts per task, each four agent
 commands and an edit, scored by the test suite. The modes (``bench/rl/modes.py``): ``cold``
 (a fresh sandbox and the full setup per episode), ``template`` (the setup once per task,
 snapshotted; episodes created from the snapshot, no fork), ``fork`` (``aenv.rl.RolloutPool``:
@@ -39,6 +40,7 @@ from bench.envd_bench import machine
 from bench.rl.meter import Ledger, MeteredClient, Sampler
 from bench.rl.modes import MODES, RUNNERS
 from bench.rl.report import markdown, reductions, svg
+from bench.rl.wheelhouse import DEPENDENCIES, wheels
 from bench.rl.workload import FILES, task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,8 +78,13 @@ def node(errors: list[str]) -> Iterator[Path | None]:
                     errors.append("\n".join(lines[max(0, i - 3) : i + 40]))
 
 
-async def run_mode(name: str, args: argparse.Namespace, home: Path | None) -> dict[str, Any]:
-    tasks = [task(i, args.files) for i in range(args.tasks)]
+def requirements(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(r for r in args.deps.replace(",", " ").split() if r != "none")
+
+
+async def run_mode(name: str, args: argparse.Namespace, home: Path | None,
+                   wheelhouse: dict[str, bytes]) -> dict[str, Any]:
+    tasks = [task(i, args.files, wheelhouse, requirements(args)) for i in range(args.tasks)]
     ledger = Ledger()
     sampler = Sampler(ledger, home)
     sampler.start()
@@ -107,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--parallel", type=int, default=PARALLEL, help="agents at once")
     parser.add_argument("--files", type=int, default=FILES, help="modules per task's package")
+    parser.add_argument(
+        "--deps", default=" ".join(DEPENDENCIES),
+        help="the repository's dependencies, pip-installed by the setup ('none': no install)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--svg", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="fork: pause finished rollouts")
@@ -117,13 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(modes) - set(MODES)
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+    log(f"wheelhouse: {' '.join(requirements(args)) or 'no dependencies'}")
+    wheelhouse = wheels(requirements(args))
+    log(f"wheelhouse: {len(wheelhouse)} wheels, "
+        f"{sum(map(len, wheelhouse.values())) / 2**20:.1f} MiB")
     load_before = warn_if_loaded(log)
     results: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
     for name in modes:
         log(f"mode {name}: {args.tasks} tasks x {args.group} rollouts, {args.parallel} at once")
         with node(errors) as home:
-            results[name] = asyncio.run(run_mode(name, args, home))
+            results[name] = asyncio.run(run_mode(name, args, home, wheelhouse))
         brief = {k: v for k, v in results[name].items() if k != "by_role"}
         log(f"mode {name}: {json.dumps(brief)}")
     report = {
@@ -134,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             "group": args.group,
             "parallel": args.parallel,
             "files": args.files,
+            "dependencies": list(requirements(args)),
             "keep": args.keep,
             "node": os.environ.get("E2B_API_URL") or "a fresh harness node per mode",
             "argv": sys.argv[1:] if argv is None else argv,

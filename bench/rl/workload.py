@@ -2,11 +2,12 @@
 then G rollouts of a scripted agent and a reward command.
 
 The setup is the expensive part of an episode, as in SWE-style RL: it generates a package of
-``files`` modules, installs it into a venv (``python3 -m venv --without-pip`` and a ``.pth``
-file: the sandbox has no network, so nothing comes from an index), byte-compiles it, commits it
-to a git repository and runs its test suite once. A rollout is a few agent commands (look at
-the repository, edit one file, run the tests) and the reward (the test suite, from the venv).
-Every mode runs this same :class:`~aenv.rl.Task` and the same :class:`Agent`.
+``files`` modules, makes a venv and installs the repository's dependencies into it with pip
+(real wheels, fetched on the host and uploaded: ``bench/rl/wheelhouse.py``; the sandbox has
+no network), installs the package itself through a ``.pth`` file, byte-compiles it, commits
+it to a git repository and runs its test suite once. A rollout is a few agent commands (look
+at the repository, edit one file, run the tests) and the reward (the test suite, from the
+venv). Every mode runs this same :class:`~aenv.rl.Task` and the same :class:`Agent`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import shlex
 
 from aenv.rl import RolloutEnv, Task
+from bench.rl import wheelhouse
 
 REPO_DIR = "/home/user/repo"
 VENV = "/home/user/venv"
@@ -52,23 +54,43 @@ tests.mkdir(exist_ok=True)
 """
 
 
-def task(index: int, files: int = FILES) -> Task:
-    """Task ``index``: its own package name, so two tasks are two prepared states."""
+def task(index: int, files: int = FILES, wheels: dict[str, bytes] | None = None,
+         requirements: tuple[str, ...] = ()) -> Task:
+    """Task ``index``: its own package name, so two tasks are two prepared states.
+    ``requirements`` are installed from ``wheels`` (``wheelhouse.wheels``)."""
     site = f"{VENV}/lib/python3*/site-packages"
+    wheels = wheels or {}
+    uploads: dict[str, str | bytes] = {
+        f"{wheelhouse.SANDBOX_DIR}/{name}": data for name, data in wheels.items()}
+    install: tuple[str, ...] = ()
+    if requirements:
+        pip = f"{wheelhouse.SANDBOX_DIR}/{wheelhouse.pip_wheel(list(wheels))}/pip"
+        install = (
+            f"{VENV}/bin/python {pip} install -q --no-index --disable-pip-version-check "
+            f"--find-links {wheelhouse.SANDBOX_DIR} {' '.join(map(shlex.quote, requirements))}"
+            f" && rm -rf {wheelhouse.SANDBOX_DIR}",
+        )
     return Task(
-        files={"/tmp/generate.py": _GENERATE},
+        files={"/tmp/generate.py": _GENERATE, **uploads},
         workdir=REPO_DIR,
         diff_roots=(REPO_DIR,),
         setup=(
             f"python3 /tmp/generate.py {index} {files} {REPO_DIR}",
             f"python3 -m venv --without-pip {VENV} && echo {REPO_DIR} > $(echo {site})/repo.pth",
+            *install,
             # Hash-checked: a same-size edit within the second of a timestamp .pyc would be missed.
             f"{VENV}/bin/python -m compileall -q -j 0 --invalidation-mode checked-hash . "
             "> /dev/null",
-            "git init -q && git add -A && "
+            # gVisor numbers inodes afresh in a restored sandbox (a fork child, a resume), and
+            # git's default stat check then re-hashes every file at a rollout's first
+            # `git status` (~1 s here). mtime and size are what stay the same.
+            "git init -q && git config core.checkStat minimal && git add -A && "
             "git -c user.email=bench@aenv -c user.name=bench commit -qm setup",
             # The suite once, as an install's smoke check does; it fails (the bug is the task).
             f"{VENV}/bin/python -m unittest -q 2>&1 | tail -1; true",
+            # As after a clone: the index is refreshed once the files are older than it, or
+            # every `git status` of every rollout re-reads each "racily clean" file.
+            "git status --short > /dev/null",
         ),
     )
 

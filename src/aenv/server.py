@@ -47,6 +47,7 @@ from aenv.orchestrator.template_image import with_memory_image
 from aenv.orchestrator.ttl import run_ttl_loop
 from aenv.orchestrator.warm import WarmPool
 from aenv.proxy.app import Proxy
+from aenv.runtime import reaper
 from aenv.runtime.gvisor import GvisorConfig, GvisorRuntime
 from aenv.storage.artifacts import Artifacts
 from aenv.storage.blobs import BlobCache
@@ -261,6 +262,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         spiller.start()
         tasks.append(asyncio.create_task(run_ttl_loop(node), name="ttl"))
         tasks.append(asyncio.create_task(run_idle_loop(node), name="idle"))
+        tasks.append(asyncio.create_task(reaper.sweep(), name="reaper"))
         if settings.gc_interval_s:
             tasks.append(asyncio.create_task(run_gc_loop(node), name="gc"))
         deaths.start()
@@ -365,6 +367,9 @@ def main(settings: Settings | None = None) -> None:
         # A second node on this home or these slots: one line, no traceback, exit status 1,
         # and nothing of the first node touched.
         raise SystemExit(f"aenv: {exc.message}") from None
+    # runsc's sandbox and gofer processes are re-parented to us, not to PID 1, and reaped as
+    # soon as they exit (runtime/reaper.py): a kill no longer waits for a slow init.
+    reaper.become_subreaper()
     try:
         asyncio.run(serve(settings))
     finally:

@@ -50,6 +50,9 @@ def rl(
     parallel: Annotated[int, typer.Option(help="Agents acting at once, in every mode.")] = 4,
     files: Annotated[int, typer.Option(help="Modules in each task's package (setup cost).")]
         = 1000,
+    deps: Annotated[str, typer.Option(help="The repository's dependencies, pip-installed by "
+                                           "each setup from real wheels ('none': no install).")]
+        = "numpy pandas pytest requests",
     out: Annotated[Path | None, typer.Option(help="The JSON results (default "
                                                   "bench/results/rl.json).")] = None,
     svg: Annotated[Path | None, typer.Option(help="Write the plot here.")] = None,
@@ -61,7 +64,7 @@ def rl(
     fan-out from a prepared task (environment-seconds, memory GB-hours, disk). Starts a node
     of its own per mode unless E2B_API_URL names one."""
     argv = ["--tasks", str(tasks), "--group", str(group), "--modes", modes,
-            "--parallel", str(parallel), "--files", str(files)]
+            "--parallel", str(parallel), "--files", str(files), "--deps", deps]
     argv += ["--out", str(out)] if out is not None else []
     argv += ["--svg", str(svg)] if svg is not None else []
     argv += ["--keep"] if keep else []

@@ -18,6 +18,10 @@ from typing import Literal
 
 from aenv.core.errors import CommandError, CommandTimeout
 
+#: Pids of the children ``run`` and ``run_lines`` started and have not reaped yet: asyncio
+#: waits for these, so a reaper of adopted processes must leave them alone (``spawned``).
+_SPAWNED: set[int] = set()
+
 #: How long a child gets between SIGTERM and SIGKILL when we give up on it.
 TERMINATE_GRACE_S = 2.0
 
@@ -65,6 +69,8 @@ async def run(
     except BaseException:
         await asyncio.shield(_terminate(proc))
         raise
+    finally:
+        _SPAWNED.discard(proc.pid)
     assert proc.returncode is not None
     done = Completed(args, proc.returncode, out, err)
     if check and proc.returncode != 0:
@@ -117,6 +123,7 @@ async def run_lines(
         for pump in pumps:
             pump.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
+        _SPAWNED.discard(proc.pid)
     assert proc.returncode is not None
     done = Completed(args, proc.returncode, bytes(out), bytes(err))
     if check and proc.returncode != 0:
@@ -170,7 +177,7 @@ async def _spawn(
     """Start ``args`` in a session of its own with piped output; ``CommandError`` if it
     cannot be started at all."""
     try:
-        return await asyncio.create_subprocess_exec(
+        proc = await asyncio.create_subprocess_exec(
             *args,
             stdin=asyncio.subprocess.PIPE if with_input else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -181,3 +188,10 @@ async def _spawn(
         )
     except OSError as exc:
         raise CommandError(args, None, str(exc)) from exc
+    _SPAWNED.add(proc.pid)
+    return proc
+
+
+def spawned() -> frozenset[int]:
+    """Pids of the children started here that are still to be reaped (by asyncio)."""
+    return frozenset(_SPAWNED)

@@ -1,7 +1,8 @@
 """Waiting for a process that is not our child, and reading why it ended (Linux).
 
 runsc's sandbox processes are not the server's children (they run in sessions of their own,
-re-parented to init, and outlive a server restart), so ``waitpid(2)`` cannot wait for them. A
+re-parented to init or adopted by the node as their subreaper, ``runtime/reaper.py``, and
+outlive a server restart), so ``waitpid(2)`` is not how they are waited for. A
 pidfd can: ``pidfd_open(2)`` (Linux >= 5.3) gives a descriptor that becomes readable once the
 process has exited, which the event loop watches like a socket — no thread, no polling, the
 wake-up follows the exit within milliseconds. Where pidfds are not available (``ENOSYS``, or

@@ -14,7 +14,8 @@ into a pre-created one: runsc's id of that is the pre-created sandbox's, which c
 its files move to the resumed sandbox's directory; ``container-id`` says which is which.
 
 A booted sandbox does not depend on the process that booted it: runsc's sandbox and gofer
-processes run in their own sessions, re-parented to init, in their own cgroups
+processes run in their own sessions, adopted by the node (its subreaper: ``reaper.py``; init
+once the node is gone), in their own cgroups
 (``<cgroup_parent>/<sandbox_id>``), so they survive a ``kill -9`` of the server; ``observe()``
 finds them again through ``runsc list``.
 
@@ -43,7 +44,7 @@ from aenv.core.errors import (
     RuntimeFailure,
 )
 from aenv.network.base import NetSlot
-from aenv.runtime import cgroups, exits, gvisor_pause, oci, urpc
+from aenv.runtime import cgroups, exits, gvisor_pause, oci, reaper, urpc
 from aenv.runtime.base import (
     IMAGE_FILES,
     Exit,
@@ -73,6 +74,8 @@ _CHECKPOINT_ARG = {
     "have_pages_file": True,
     "Resume": True,
 }
+#: How often a ``runsc delete`` in progress looks for the processes it killed, to reap them.
+REAP_POLL_S = 0.02
 #: A save writes the sandbox's memory: seconds for a large one.
 CHECKPOINT_TIMEOUT_S = 300.0
 
@@ -486,7 +489,7 @@ class GvisorRuntime:
         """Remove runsc's container ``runtime_id`` and its cgroups, and the files of sandbox
         ``sid`` (the same id but for a sandbox resumed into a pre-created one)."""
         with map_runsc_errors(sid, "delete"):
-            await self.runsc.delete(runtime_id)
+            await self._delete(runtime_id, _read_pid(self.bundle_dir(sid) / "sandbox.pid"))
         # runsc creates the cgroups before it saves the container's state, so a run that
         # fails in between leaves cgroups that ``delete`` does not know about.
         cgroups.remove(self._cgroup(runtime_id))
@@ -502,6 +505,20 @@ class GvisorRuntime:
             sandbox_dir.rmdir()
         except OSError:
             pass  # not empty (storage's upper, kept logs) or already gone
+
+    async def _delete(self, runtime_id: str, pid: int | None) -> None:
+        """``runsc delete``, reaping what it kills meanwhile: it waits until the killed
+        sandbox and gofer are reaped, and the node (their subreaper: ``runtime/reaper.py``)
+        is who reaps them."""
+        delete = asyncio.ensure_future(self.runsc.delete(runtime_id))
+        try:
+            while not delete.done():
+                reaper.reap_adopted([pid] if pid is not None else [])
+                await asyncio.wait([delete], timeout=REAP_POLL_S)
+        except BaseException:
+            delete.cancel()
+            raise
+        await delete
 
     def memory_charged(self, instance: Instance) -> int | None:
         """Bytes the sandbox's memory cgroup is charged now (guest memory and the files
