@@ -27,6 +27,7 @@ have skopeo || need+=(skopeo)            # pulls OCI images (the node)
 have umoci || need+=(umoci)              # builds test images (tests)
 have docker-registry || need+=(docker-registry)  # a local registry (tests)
 have wrk || need+=(wrk)                  # the proxy benchmark (bench/proxy_bench.py)
+have redis-server || need+=(redis-server)  # cluster mode's state (tests start their own)
 updated=0
 update() { if [ "$updated" = 0 ]; then apt-get update -qq; updated=1; fi; }
 if [ ${#need[@]} -gt 0 ]; then
@@ -36,6 +37,10 @@ if [ ${#need[@]} -gt 0 ]; then
   # Debian's package also starts a registry service on :5000; the tests run their own (loopback).
   if [[ " ${need[*]} " == *" docker-registry "* ]] && have systemctl; then
     systemctl disable --now docker-registry >/dev/null 2>&1 || true
+  fi
+  # The same for Redis's own service on :6379.
+  if [[ " ${need[*]} " == *" redis-server "* ]] && have systemctl; then
+    systemctl disable --now redis-server >/dev/null 2>&1 || true
   fi
 fi
 runsc_ok() { have runsc && [ "$(runsc --version 2>/dev/null | head -1 | sed -n 's/.*0\.0~\([0-9]*\).*/\1/p')" -ge 20240729 ] 2>/dev/null; }

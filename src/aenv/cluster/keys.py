@@ -1,0 +1,40 @@
+"""Every Redis key cluster mode uses, in one place (``prefix`` separates clusters on one
+Redis, and tests from each other)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "aenv"
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def nodes(self) -> str:
+        """Set of the ids of every node that ever sent a heartbeat (until it is removed)."""
+        return f"{self.prefix}:nodes"
+
+    def node(self, node_id: str) -> str:
+        """Hash: the node's last heartbeat (``model.NodeInfo`` fields)."""
+        return f"{self.prefix}:node:{node_id}"
+
+    def roster(self, node_id: str) -> str:
+        """Set: the sandbox ids the node ran at its last heartbeat."""
+        return f"{self.prefix}:node:{node_id}:roster"
+
+    def pending(self, node_id: str) -> str:
+        """Sorted set: open reservations on the node (member = reservation slot, score =
+        expiry in ms on Redis's clock)."""
+        return f"{self.prefix}:node:{node_id}:pending"
+
+    def committed(self, node_id: str) -> str:
+        """Sorted set: reservations whose create succeeded but which the node's heartbeat
+        does not count yet (score = commit time in ms)."""
+        return f"{self.prefix}:node:{node_id}:committed"
+
+    def reservation(self, reservation_id: str) -> str:
+        """Hash: which node a reservation is on and how many slots it holds."""
+        return f"{self.prefix}:reservation:{reservation_id}"
