@@ -18,14 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import free_port
 
 REDIS_BIN = shutil.which("redis-server")
 START_TIMEOUT_S = 15.0
-
-needs_redis = pytest.mark.skipif(REDIS_BIN is None, reason="needs redis-server (apt)")
 
 
 @dataclass
@@ -40,7 +36,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        assert REDIS_BIN is not None
+        assert REDIS_BIN is not None, "redis-server is not installed (make deps installs it)"
         log = open(self.root / "redis.log", "ab")  # noqa: SIM115 (the child holds it)
         with log:
             self.process = subprocess.Popen(

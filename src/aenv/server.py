@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from aenv.api.app import NodeApp, build_api
+from aenv.cluster.heartbeat import Heartbeat
 from aenv.core import faults, ids, proc
 from aenv.core.errors import AenvError, FailedPrecondition
 from aenv.core.locks import HeldLock, lock_home, lock_slot_range
@@ -180,6 +181,26 @@ async def _sweep_build_scratch(build_dir: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
+def join_cluster(node: Node, url: str) -> Heartbeat:
+    """The node's heartbeat to the cluster at Redis ``url`` (not started)."""
+    from redis.asyncio import Redis
+
+    heartbeat = Heartbeat(node, Redis.from_url(url, decode_responses=True,
+                                               socket_timeout=5, socket_connect_timeout=5))
+    log.info("joining the cluster at %s as node %s (%s)", _redacted(url), heartbeat.node_id,
+             heartbeat.address)
+    return heartbeat
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a password (``redis://:secret@host`` → ``redis://:***@host``)."""
+    scheme, sep, rest = url.partition("://")
+    auth, at, host = rest.rpartition("@")
+    if not at or ":" not in auth:
+        return url
+    return f"{scheme}{sep}{auth.split(':', 1)[0]}:***@{host}"
+
+
 @contextlib.asynccontextmanager
 async def running_node(settings: Settings) -> AsyncIterator[Node]:
     settings.home.mkdir(parents=True, exist_ok=True)
@@ -242,6 +263,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     deaths = DeathWatch(node)
     await pool.start()
     tasks: list[asyncio.Task[None]] = []
+    heartbeat: Heartbeat | None = None
     try:
         plan = await recover(node)
         try:
@@ -276,8 +298,13 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         precreated = PrecreatedPool(node, settings.precreate_pool_size, base)
         node.precreated = precreated
         precreated.start()
+        if settings.cluster:
+            heartbeat = join_cluster(node, settings.cluster)
+            heartbeat.start()
         yield node
     finally:
+        if heartbeat is not None:
+            await heartbeat.close()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

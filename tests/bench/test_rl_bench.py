@@ -29,8 +29,8 @@ def test_quick_run_reports_three_modes_and_fork_is_cheaper(tmp_path: Path) -> No
     # where this session's own nodes are, one of them maybe still running).
     env["AENV_TEST_SLOT_BASE"] = str(slot_base() + 5_000)
     done = subprocess.run(
-        [str(AENV), "bench", "rl", "--quick", "--files", "300", "--deps", "requests", "--out", str(out),
-         "--svg", str(plot)],
+        [str(AENV), "bench", "rl", "--quick", "--files", "300", "--deps", "requests",
+         "--out", str(out), "--svg", str(plot)],
         env=env, capture_output=True, text=True, timeout=1100, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(out.read_text())

@@ -7,9 +7,7 @@ import pytest
 from redis.asyncio import Redis
 
 from aenv.cluster.keys import Keys
-from tests.redis_server import RedisServer, needs_redis, run_redis
-
-pytestmark = needs_redis
+from tests.redis_server import RedisServer, run_redis
 
 
 @pytest.fixture(scope="session")

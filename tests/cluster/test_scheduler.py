@@ -103,9 +103,9 @@ async def test_placement_follows_load_and_locality(
         resume = (await client.post("/v1/placements", json={
             "templateID": "base", "snapshotID": "snap-1", "origin": "origin"})).json()
         assert resume["placements"][0]["nodeID"] == "origin"
-        # A memory image made under another runsc build restores nowhere here.
+        # A memory image made on another kind of host restores nowhere here.
         other = await client.post("/v1/placements", json={
-            "templateID": "base", "runscVersion": "release-20990101.0"})
+            "templateID": "base", "hostKey": "0123456789ab"})
         assert other.status_code == 429
 
 

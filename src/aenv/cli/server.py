@@ -15,6 +15,11 @@ app = typer.Typer(help="The node server.")
 def server(
     listen: Annotated[str | None, typer.Option(help="host:port (default AENV_LISTEN)")] = None,
     home: Annotated[str | None, typer.Option(help="state directory (default AENV_HOME)")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="join the cluster at this Redis URL (default AENV_CLUSTER)")] = None,
+    advertise: Annotated[str | None, typer.Option(
+        help="URL other cluster members reach this node at (default AENV_ADVERTISE, "
+             "else http://LISTEN)")] = None,
 ) -> None:
     """Serve on AENV_LISTEN (default 127.0.0.1:3000). Configuration: AENV_* variables or the
     TOML file named by AENV_CONFIG; see docs/config.md."""
@@ -22,7 +27,8 @@ def server(
     from aenv.core.errors import AenvError
     from aenv.core.settings import Settings
 
-    overrides = {k: v for k, v in (("listen", listen), ("home", home)) if v is not None}
+    overrides = {k: v for k, v in (("listen", listen), ("home", home), ("cluster", cluster),
+                                   ("advertise", advertise)) if v is not None}
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]
     except Exception as exc:

@@ -52,8 +52,8 @@ class NodeInfo(BaseModel):
     cpu_pct: float = 0.0  # of the whole machine, 0-100
     memory_used: int = 0
     memory_total: int = 1
-    runsc_version: str = ""
-    cpu_features: str = ""
+    host_key: str = Field("", description="restore_match.requirements_key of the node: "
+                                          "runtime, runsc build, platform, CPU flags")
     templates: list[str] = Field(default_factory=list, description="templates cached locally")
     snapshots: list[str] = Field(default_factory=list, description="snapshots cached locally")
     warm: dict[str, int] = Field(default_factory=dict, description="template → warm sandboxes")

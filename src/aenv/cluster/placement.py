@@ -1,8 +1,9 @@
 """Which node a sandbox goes to: filter, sample, score. Pure functions over heartbeats.
 
 1. **Filter**: healthy and ready (``model.Health.READY``), free capacity by its last
-   heartbeat, and, when the sandbox restores a memory image, the same runsc build and CPU
-   features as the node that made the image (gVisor restores only there).
+   heartbeat, and, when the sandbox restores a memory image, the same host key
+   (``restore_match.requirements_key``: runtime, runsc build, platform, CPU flags) as the
+   node that made the image (gVisor restores only there).
 2. **Sample** ``SAMPLE`` of them at random (the "power of d choices": each scheduler replica
    looks at a few nodes, not all, so replicas placing at once spread instead of all picking
    the one best node), plus every node with locality (below): those are worth looking at.
@@ -30,14 +31,13 @@ BONUS_ORIGIN, BONUS_SNAPSHOT, BONUS_WARM, BONUS_TEMPLATE = 0.4, 0.3, 0.3, 0.15
 
 @dataclass(frozen=True)
 class Want:
-    """What is being placed. ``runsc_version``/``cpu_features``: set when it restores a
-    memory image made there; ``origin``: the node it was paused on."""
+    """What is being placed. ``host_key``: set when it restores a memory image, the key of
+    the host that made it; ``origin``: the node it was paused on."""
 
     template_id: str = ""
     snapshot_id: str | None = None
     origin: str | None = None
-    runsc_version: str | None = None
-    cpu_features: str | None = None
+    host_key: str | None = None
     exclude: frozenset[str] = field(default_factory=frozenset)
 
 
@@ -46,9 +46,7 @@ def eligible(node: NodeInfo, want: Want, now_ms: int) -> bool:
         return False
     if node.running >= node.limit:
         return False
-    if want.runsc_version and node.runsc_version != want.runsc_version:
-        return False
-    return not (want.cpu_features and node.cpu_features != want.cpu_features)
+    return not (want.host_key and node.host_key != want.host_key)
 
 
 def score(node: NodeInfo, want: Want) -> float:

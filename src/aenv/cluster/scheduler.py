@@ -5,7 +5,7 @@ Any number of replicas, no leader: each reads the heartbeats, orders candidates
 concurrent replicas agree. Callers are gateways.
 
 ``POST /v1/placements`` ``{"templateID", "snapshotID"?, "origin"?, "count"?, "spread"?,
-"runscVersion"?, "cpuFeatures"?, "exclude"?}``:
+"hostKey"?, "exclude"?}``:
 
 * 201 ``{"placements": [{"nodeID", "address", "reservationID", "count"}]}``: the counts sum
   to ``count``; with ``spread`` (a fork) they may be on several nodes, else on one.
@@ -49,14 +49,13 @@ class PlacementRequest(BaseModel):
     origin: str | None = None
     count: int = Field(1, ge=1, le=1000)
     spread: bool = False
-    runsc_version: str | None = Field(None, alias="runscVersion")
-    cpu_features: str | None = Field(None, alias="cpuFeatures")
+    host_key: str | None = Field(None, alias="hostKey")
     exclude: list[str] = Field(default_factory=list)
 
     def want(self) -> placement.Want:
         return placement.Want(
             template_id=self.template_id, snapshot_id=self.snapshot_id, origin=self.origin,
-            runsc_version=self.runsc_version, cpu_features=self.cpu_features,
+            host_key=self.host_key,
             exclude=frozenset(self.exclude))
 
 

@@ -42,6 +42,23 @@ class Settings(BaseSettings):
     runtime: Literal["gvisor", "fake"] = "gvisor"
     """Sandbox runtime driver. ``fake`` keeps sandboxes in memory (tests of the control plane)."""
 
+    cluster: str | None = None
+    """Redis URL of the cluster this node joins (``redis://host:6379/0``; ``--cluster`` of
+    ``aenv server``). Unset: a standalone node. Joined, the node sends a heartbeat every
+    ``heartbeat_interval_s`` (capacity, load, caches, the sandboxes it runs) that schedulers
+    place by; see docs/architecture.md, ``cluster/``."""
+
+    advertise: str | None = None
+    """The base URL other cluster members reach this node at (``http://10.0.0.5:3000``).
+    Unset: ``http://`` + ``listen`` (a wildcard listen address is then refused)."""
+
+    node_id: str | None = None
+    """This node's name in the cluster. Unset: kept in ``<home>/node_id``, made once."""
+
+    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    """Seconds between the node's heartbeats to the cluster; a scheduler takes a node that
+    missed three for suspect (no placements), ten for lost."""
+
     default_template: str = "base"
     """Template used when a create request names none."""
 

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 class WarmSource(Protocol):
     def take(self, template: Template) -> Booted | None: ...
 
+    @property
+    def ready(self) -> int:
+        """Sandboxes waiting to be taken now."""
+
 
 class SpillScheduler(Protocol):
     def schedule(self, sandbox_id: str, *, delay: float | None = None) -> None:

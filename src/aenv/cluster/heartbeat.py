@@ -1,0 +1,163 @@
+"""A node's side of cluster mode: its heartbeat, every ``heartbeat_interval_s``.
+
+Each beat reads Redis's clock, then measures the node (``measure``): its sandboxes by state
+from the store (the roster is every sandbox it holds, paused ones included: those are its
+to resume until another node adopts them), creates in flight (admission), CPU and memory of
+the machine, the templates it knows, its warm pool. Then one script writes it all
+(``registry.heartbeat``).
+
+A beat that fails (Redis down, a failover) is logged once per outage and retried at the next
+interval; the node keeps serving what it runs, and schedulers stop placing on it once its
+last heartbeat is older than their suspect bound (``model.py``). Nothing here may take the
+node down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from aenv.cluster import registry
+from aenv.cluster.keys import Keys
+from aenv.cluster.model import NodeInfo
+from aenv.core.states import SandboxState
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.restore_match import requirements_key
+
+log = logging.getLogger("aenv.cluster.heartbeat")
+
+#: States that take one of the node's ``max_sandboxes`` (as ``ops/create.check_capacity``).
+RUNNING = (SandboxState.CREATING, SandboxState.RUNNING, SandboxState.RESUMING,
+           SandboxState.SNAPSHOTTING, SandboxState.FORKING)
+#: Every state a sandbox this node holds can be in (the roster).
+HELD = (*RUNNING, SandboxState.PAUSING, SandboxState.PAUSED, SandboxState.KILLING)
+
+
+@dataclass
+class CpuMeter:
+    """Machine CPU busy % between two calls, from ``/proc/stat``."""
+
+    _last: tuple[int, int] | None = field(default=None)
+
+    def percent(self) -> float:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return 0.0
+        idle, total = fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)
+        last, self._last = self._last, (idle, total)
+        if last is None or total <= last[1]:
+            return 0.0
+        return round(100.0 * (1 - (idle - last[0]) / (total - last[1])), 1)
+
+
+def memory() -> tuple[int, int]:
+    """(used, total) bytes of the machine: total minus available, total."""
+    info: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            name, _, rest = line.partition(":")
+            info[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 1
+    total = info.get("MemTotal", 1)
+    return total - info.get("MemAvailable", total), total
+
+
+def node_id_of(node: Node) -> str:
+    """``node_id`` from the settings, else the one kept in ``<home>/node_id`` (made once:
+    the host name and a random suffix, so two nodes on one host differ)."""
+    if node.settings.node_id:
+        return node.settings.node_id
+    path = node.settings.home / "node_id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        made = f"{os.uname().nodename}-{os.urandom(3).hex()}"
+        path.write_text(made + "\n")
+        return made
+
+
+def advertised(node: Node) -> str:
+    if node.settings.advertise:
+        return node.settings.advertise.rstrip("/")
+    host, _, port = node.settings.listen.rpartition(":")
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        raise ValueError(f"listen {node.settings.listen!r} is every address: set "
+                         "AENV_ADVERTISE to the URL other cluster members reach this node at")
+    return f"http://{host}:{port}"
+
+
+class Heartbeat:
+    """The heartbeat loop of one node (``start``/``close``); ``draining`` is its own word
+    to the schedulers (``aenv node drain`` sets it)."""
+
+    def __init__(self, node: Node, redis: Redis, keys: Keys | None = None) -> None:
+        self.node = node
+        self.redis = redis
+        self.keys = keys or Keys()
+        self.node_id = node_id_of(node)
+        self.address = advertised(node)
+        self.draining = False
+        self._cpu = CpuMeter()
+        self._task: asyncio.Task[None] | None = None
+
+    async def measure(self) -> tuple[NodeInfo, list[str]]:
+        records = await self.node.store.list(HELD)
+        running = sum(r.state in RUNNING for r in records)
+        used, total = memory()
+        templates = ([t.template_id for t in await self.node.template_store.list_templates()]
+                     if self.node.template_store is not None else [])
+        default = self.node.settings.default_template
+        warm = self.node.warm
+        info = NodeInfo(
+            node_id=self.node_id, address=self.address,
+            state="draining" if self.draining else "ready",
+            limit=self.node.settings.max_sandboxes,
+            starting_limit=self.node.settings.max_concurrent_starts
+            + self.node.settings.max_queued_starts,
+            running=running,
+            starting=self.node.admission.running + self.node.admission.waiting,
+            cpu_pct=self._cpu.percent(), memory_used=used, memory_total=total,
+            host_key=requirements_key(self.node.host_requirements)
+            if self.node.host_requirements else "",
+            templates=sorted({default, *templates}),
+            warm={default: warm.ready} if warm is not None else {},
+        )
+        return info, [r.sandbox_id for r in records]
+
+    async def beat(self) -> None:
+        measured = await registry.now_ms(self.redis)
+        info, roster = await self.measure()
+        await registry.heartbeat(self.redis, self.keys, info, roster, measured)
+
+    async def _run(self) -> None:
+        failing = False
+        while True:
+            try:
+                await self.beat()
+                if failing:
+                    log.info("cluster heartbeats reach %s again", self.keys.prefix)
+                failing = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis down or failing over: keep serving, retry
+                if not failing:
+                    log.warning("cluster heartbeat failed (retrying every %.1f s): %s",
+                                self.node.settings.heartbeat_interval_s, exc)
+                failing = True
+            await asyncio.sleep(self.node.settings.heartbeat_interval_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="cluster-heartbeat")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.redis.aclose()
