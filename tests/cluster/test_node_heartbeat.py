@@ -18,7 +18,7 @@ from aenv.cluster.scheduler import create_app
 from tests.redis_server import RedisServer
 from tests.server.harness import NodeServer, serving
 
-pytestmark = [pytest.mark.gvisor, pytest.mark.anyio]
+pytestmark = pytest.mark.gvisor
 
 PREFIX = "hb"
 
@@ -54,7 +54,7 @@ def roster(redis_server: RedisServer, node_id: str) -> set[str]:
         client.close()
 
 
-async def test_the_node_announces_itself_and_its_sandboxes(
+def test_the_node_announces_itself_and_its_sandboxes(
         node: NodeServer, redis_server: RedisServer) -> None:
     fields = heartbeat(redis_server, "node-a")
     assert fields["address"] == f'"http://127.0.0.1:{node.port}"'
@@ -74,6 +74,7 @@ async def test_the_node_announces_itself_and_its_sandboxes(
         time.sleep(0.1)
 
 
+@pytest.mark.anyio
 async def test_the_scheduler_places_on_the_node_and_the_sdk_creates_there(
         node: NodeServer, redis_server: RedisServer) -> None:
     heartbeat(redis_server, "node-a", running="0")
@@ -99,7 +100,7 @@ async def test_the_scheduler_places_on_the_node_and_the_sdk_creates_there(
             sandbox.kill()
 
 
-async def test_redis_gone_and_back_costs_the_node_nothing(
+def test_redis_gone_and_back_costs_the_node_nothing(
         node: NodeServer, redis_server: RedisServer) -> None:
     heartbeat(redis_server, "node-a")
     redis_server.kill()
