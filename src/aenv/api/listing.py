@@ -68,8 +68,11 @@ def as_reported(ts: float) -> float:
     return datetime.fromtimestamp(ts, UTC).timestamp()
 
 
-def encode_cursor(record: SandboxRecord) -> str:
-    raw = f"{record.started_at!r}__{record.sandbox_id}".encode()
+def encode_cursor(started_at: float, sandbox_id: str) -> str:
+    """The keyset cursor after the sandbox started at ``started_at`` (as reported:
+    ``as_reported``) with id ``sandbox_id``. Made from what the wire shows, so a cluster
+    gateway merging several nodes' pages can write one the nodes accept."""
+    raw = f"{started_at!r}__{sandbox_id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -105,13 +108,17 @@ def apply(records: list[SandboxRecord], query: ListQuery) -> tuple[list[SandboxR
         if any(record.metadata.get(k) != v for k, v in query.metadata.items()):
             continue
         selected.append(record)
-    selected.sort(key=lambda r: (r.started_at, r.sandbox_id), reverse=not query.ascending)
+    # Ordered by the reported (microsecond) start time, so a cursor can be made from a page.
+    def order(r: SandboxRecord) -> tuple[float, str]:
+        return as_reported(r.started_at), r.sandbox_id
+
+    selected.sort(key=order, reverse=not query.ascending)
     if query.cursor is not None:
         key = query.cursor
         if query.ascending:
-            selected = [r for r in selected if (r.started_at, r.sandbox_id) > key]
+            selected = [r for r in selected if order(r) > key]
         else:
-            selected = [r for r in selected if (r.started_at, r.sandbox_id) < key]
+            selected = [r for r in selected if order(r) < key]
     page = selected[: query.limit]
     more = len(selected) > query.limit
-    return page, encode_cursor(page[-1]) if more and page else None
+    return page, encode_cursor(*order(page[-1])) if more and page else None

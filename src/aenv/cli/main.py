@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from aenv.cli import copy, doctor, execute, info, sandboxes, shell
+from aenv.cli import cluster, copy, doctor, execute, info, sandboxes, shell
 from aenv.cli.auth import app as auth_app
 from aenv.cli.bench import app as bench_app
 from aenv.cli.envd import app as envd_app
@@ -26,7 +26,7 @@ app.add_typer(envd_app, name="envd")
 app.add_typer(server_app, name="server")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
-for group in (sandboxes, shell, execute, copy, info, doctor):
+for group in (sandboxes, shell, execute, copy, info, doctor, cluster):
     group.register(app)
 
 

@@ -38,3 +38,7 @@ class Keys:
     def reservation(self, reservation_id: str) -> str:
         """Hash: which node a reservation is on and how many slots it holds."""
         return f"{self.prefix}:reservation:{reservation_id}"
+
+    def binding(self, sandbox_id: str) -> str:
+        """Hash: the node a sandbox is on and the binding's fencing token."""
+        return f"{self.prefix}:binding:{sandbox_id}"

@@ -1,0 +1,235 @@
+"""The gateway (``aenv gateway``, :8080): a node's E2B API and proxy surface over a cluster.
+
+Stateless; any number of replicas. What it does with a request:
+
+* **Create** (``POST /sandboxes``, ``/v2/sandboxes``): asks a scheduler where
+  (``POST /v1/placements``), sends the create to that node, commits the reservation and binds
+  the new sandbox on a 201; cancels it otherwise. A node that answers 429 anyway (its own
+  admission saw more than its heartbeat) is excluded and the next placement tried.
+* **List** (``GET /sandboxes``, ``/v2/sandboxes``): the same query to every reachable node,
+  the answers merged in the nodes' own order (start time, then id) and cut at ``limit``; the
+  ``X-Next-Token`` is the nodes' keyset cursor of the page's last sandbox, so the next page
+  continues on every node at once. ``X-Total-Running`` is the sum.
+* **A sandbox's calls and traffic** (``/sandboxes/{id}/…``, and envd traffic by the
+  ``E2b-Sandbox-Id`` header or a ``{port}-{id}.`` host): to the sandbox's node
+  (``bindings.py``). A sandbox whose node is lost answers 503 at once, one whose node does
+  not accept a connection 503 after the connect timeout; never a hang.
+* **Anything else** (templates, snapshots): to a ready node; every node serves the shared
+  repository's templates and snapshots.
+
+API keys: the gateway checks ``X-API-KEY`` on the control plane against the cluster's key
+(the nodes' own), before it reserves anything; the node checks it again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+
+import httpx
+from redis.asyncio import Redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.listing import encode_cursor
+from aenv.cluster import bindings, forward, registry
+from aenv.cluster.keys import Keys
+from aenv.cluster.model import Health, NodeInfo
+from aenv.proxy.routing import Target, route
+
+#: Placements tried for one create before the gateway gives up with the node's 429.
+CREATE_ATTEMPTS = 3
+_BY_ID = re.compile(r"^/(?:v\d+/)?sandboxes/([a-z0-9]{8,64})(?:/|$)")
+_NOT_IDS = frozenset({"metrics"})
+_LIST_PATHS = frozenset({"/sandboxes", "/v2/sandboxes"})
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status,
+                        headers=headers)
+
+
+class Gateway:
+    def __init__(self, redis: Redis, scheduler_url: str, api_key: str | None,
+                 keys: Keys | None = None) -> None:
+        self.redis = redis
+        self.keys = keys or Keys()
+        self.scheduler_url = scheduler_url.rstrip("/")
+        self.api_key = api_key
+        self.http = forward.client()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.redis.aclose()
+
+    # -- entry ------------------------------------------------------------------------------
+
+    async def handle(self, request: Request) -> Response:
+        target = route(request.scope)
+        if isinstance(target, str):
+            return _error(400, target)
+        if isinstance(target, Target):
+            return await self._to_sandbox(request, target.sandbox_id)
+        path = request.url.path
+        if path == "/health":
+            return JSONResponse({"status": "ok"})
+        if not self._authorized(request):
+            return _error(401, "missing or invalid X-API-KEY")
+        if path in _LIST_PATHS and request.method == "POST":
+            return await self._create(request)
+        if path in _LIST_PATHS and request.method == "GET":
+            return await self._list(request)
+        match = _BY_ID.match(path)
+        if match and match.group(1) not in _NOT_IDS:
+            answer = await self._to_sandbox(request, match.group(1))
+            if request.method == "DELETE" and answer.status_code in (204, 404):
+                await bindings.unbind(self.redis, self.keys, match.group(1))
+            return answer
+        return await self._to_any(request)
+
+    def _authorized(self, request: Request) -> bool:
+        if self.api_key is None:
+            return True
+        given = request.headers.get("x-api-key", "")
+        return secrets.compare_digest(given.encode(), self.api_key.encode())
+
+    # -- routing ----------------------------------------------------------------------------
+
+    async def _nodes(self) -> tuple[list[NodeInfo], int]:
+        return await registry.nodes(self.redis, self.keys)
+
+    async def _to_sandbox(self, request: Request, sandbox_id: str) -> Response:
+        bound = await bindings.lookup(self.redis, self.keys, sandbox_id)
+        if bound is None:
+            return _error(404, f"sandbox {sandbox_id} not found")
+        nodes, now = await self._nodes()
+        node = next((n for n in nodes if n.node_id == bound[0]), None)
+        if node is None or node.health(now) is Health.LOST:
+            return _error(503, f"sandbox {sandbox_id} was on node {bound[0]}, which is lost")
+        try:
+            return await forward.forward(self.http, request, node.address)
+        except httpx.TransportError as exc:
+            return _error(503, f"sandbox {sandbox_id} is on node {node.node_id}, which cannot "
+                               f"be reached: {type(exc).__name__}")
+
+    async def _to_any(self, request: Request) -> Response:
+        nodes, now = await self._nodes()
+        ready = sorted((n for n in nodes if n.health(now) is Health.READY),
+                       key=lambda n: n.running / max(n.limit, 1))
+        body = await request.body()
+        for node in ready:
+            try:
+                return await forward.forward(self.http, request, node.address, body=body)
+            except httpx.TransportError:
+                continue
+        return _error(503, "no node of the cluster is reachable")
+
+    # -- create -----------------------------------------------------------------------------
+
+    async def _create(self, request: Request) -> Response:
+        body = await request.body()
+        try:
+            wanted = json.loads(body or b"{}")
+            template = str(wanted.get("templateID") or "") if isinstance(wanted, dict) else ""
+        except ValueError:
+            template = ""  # the node answers the malformed body with its own 400
+        exclude: list[str] = []
+        answer: Response | None = None
+        for _ in range(CREATE_ATTEMPTS):
+            placed = await self.http.post(f"{self.scheduler_url}/v1/placements", json={
+                "templateID": template, "exclude": exclude})
+            if placed.status_code != 201:
+                return Response(placed.content, status_code=placed.status_code,
+                                headers={k: v for k, v in placed.headers.items()
+                                         if k.lower() in ("content-type", "retry-after")})
+            [placement] = placed.json()["placements"]
+            reservation = placement["reservationID"]
+            try:
+                sent = await self.http.post(
+                    placement["address"].rstrip("/") + request.url.path,
+                    params=request.url.query, content=body,
+                    headers=forward.request_headers(request))
+            except httpx.TransportError:
+                await self._settle(reservation, commit=False)
+                exclude.append(placement["nodeID"])
+                continue
+            answer = Response(sent.content, status_code=sent.status_code, headers={
+                k: v for k, v in sent.headers.items()
+                if k.lower() in ("content-type", "retry-after")})
+            if sent.status_code == 201:
+                await self._settle(reservation, commit=True)
+                sandbox_id = str(sent.json().get("sandboxID", ""))
+                if sandbox_id:
+                    await bindings.bind(self.redis, self.keys, sandbox_id,
+                                        placement["nodeID"], 1)
+                return answer
+            await self._settle(reservation, commit=False)
+            if sent.status_code != 429:
+                return answer
+            exclude.append(placement["nodeID"])
+        if answer is None:
+            return _error(503, "no node of the cluster could be reached for the create")
+        return answer
+
+    async def _settle(self, reservation: str, *, commit: bool) -> None:
+        url = f"{self.scheduler_url}/v1/reservations/{reservation}"
+        try:
+            if commit:
+                await self.http.post(url + "/commit")
+            else:
+                await self.http.delete(url)
+        except httpx.TransportError:
+            pass  # the reservation expires on its own (reserve.RESERVATION_TTL_MS)
+
+    # -- list -------------------------------------------------------------------------------
+
+    async def _list(self, request: Request) -> Response:
+        nodes, now = await self._nodes()
+        reachable = [n for n in nodes if n.health(now) is not Health.LOST]
+        items: list[dict[str, object]] = []
+        total = 0
+        for node in reachable:
+            try:
+                answer = await self.http.get(node.address + request.url.path,
+                                             params=request.url.query,
+                                             headers=forward.request_headers(request))
+            except httpx.TransportError:
+                continue  # a node that does not answer lists nothing; its sandboxes show again
+            if answer.status_code != 200:
+                return Response(answer.content, status_code=answer.status_code,
+                                media_type="application/json")
+            items += answer.json()
+            total += int(answer.headers.get("x-total-running", "0"))
+        ascending = request.query_params.get("order") == "asc"
+        items.sort(key=_order, reverse=not ascending)
+        limit = request.query_params.get("limit")
+        headers = {"X-Total-Running": str(total)}
+        if limit and limit.isdigit() and len(items) > int(limit):
+            items = items[: int(limit)]
+            headers["X-Next-Token"] = encode_cursor(*_order(items[-1]))
+        return JSONResponse(items, headers=headers)
+
+
+def _order(item: dict[str, object]) -> tuple[float, str]:
+    started = datetime.fromisoformat(str(item["startedAt"]).replace("Z", "+00:00"))
+    return started.timestamp(), str(item["sandboxID"])
+
+
+def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
+               keys: Keys | None = None) -> Starlette:
+    gateway = Gateway(redis, scheduler_url, api_key, keys)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        await gateway.close()
+
+    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+    return Starlette(routes=[Route("/{path:path}", gateway.handle, methods=methods)],
+                     lifespan=lifespan)
