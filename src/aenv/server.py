@@ -183,10 +183,9 @@ async def _sweep_build_scratch(build_dir: Path) -> None:
 
 def join_cluster(node: Node, url: str) -> Heartbeat:
     """The node's heartbeat to the cluster at Redis ``url`` (not started)."""
-    from redis.asyncio import Redis
+    from aenv.cluster.redis_client import connect
 
-    heartbeat = Heartbeat(node, Redis.from_url(url, decode_responses=True,
-                                               socket_timeout=5, socket_connect_timeout=5))
+    heartbeat = Heartbeat(node, connect(url))
     log.info("joining the cluster at %s as node %s (%s)", _redacted(url), heartbeat.node_id,
              heartbeat.address)
     return heartbeat

@@ -28,13 +28,31 @@ def nodes(redis_server: RedisServer) -> Iterator[list[NodeServer]]:
         yield [a, b]
 
 
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))}
+
+
 @pytest.fixture(scope="module")
-def gateway(nodes: list[NodeServer], redis_server: RedisServer) -> Iterator[Service]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))}
-    with service("scheduler", "--cluster", redis_server.url, env=env) as scheduler, \
-         service("gateway", "--cluster", redis_server.url, "--scheduler", scheduler.url,
-                 "--api-key", API_KEY, env=env) as gw:
+def scheduler(nodes: list[NodeServer], redis_server: RedisServer) -> Iterator[Service]:
+    with service("scheduler", "--cluster", redis_server.url, env=_env()) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def gateway(scheduler: Service, redis_server: RedisServer) -> Iterator[Service]:
+    with service("gateway", "--cluster", redis_server.url, "--scheduler", scheduler.url,
+                 "--api-key", API_KEY, env=_env()) as gw:
         yield gw
+
+
+def node_of(redis_server: RedisServer, sandbox_id: str) -> str | None:
+    from redis import Redis
+
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        return client.hget(Keys().binding(sandbox_id), "node")
+    finally:
+        client.close()
 
 
 @pytest.fixture
@@ -46,14 +64,9 @@ def sdk(gateway: Service, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sdk_through_the_gateway(sdk: None, gateway: Service, redis_server: RedisServer) -> None:
-    from redis import Redis
-
     sandboxes = [Sandbox.create(timeout=120, metadata={"run": "gw"}) for _ in range(4)]
     try:
-        client = Redis.from_url(redis_server.url, decode_responses=True)
-        placed = {s.sandbox_id: client.hget(Keys().binding(s.sandbox_id), "node")
-                  for s in sandboxes}
-        client.close()
+        placed = {s.sandbox_id: node_of(redis_server, s.sandbox_id) for s in sandboxes}
         # Two per node: each node's limit is 2.
         assert sorted(placed.values()) == ["gw-a", "gw-a", "gw-b", "gw-b"], placed
         for sbx in sandboxes:
@@ -81,3 +94,74 @@ def test_sdk_through_the_gateway(sdk: None, gateway: Service, redis_server: Redi
     with pytest.raises(NotFoundException):
         Sandbox.connect(sandboxes[0].sandbox_id)
     assert "Traceback" not in gateway.log(), gateway.log()[-3000:]
+
+
+def _health(scheduler_url: str) -> dict[str, str]:
+    import httpx
+
+    return {n["node_id"]: n["health"] for n in httpx.get(f"{scheduler_url}/v1/nodes").json()}
+
+
+def test_redis_wiped_the_cluster_rebuilds_and_keeps_serving(
+        sdk: None, gateway: Service, scheduler: Service, redis_server: RedisServer) -> None:
+    import time
+
+    sbx = Sandbox.create(timeout=120)
+    try:
+        redis_server.restart()  # no persistence: every binding and heartbeat is gone
+        # The nodes' next heartbeats register them again (within a few intervals: their
+        # clients reconnect with backoff); the sandbox's binding then comes from a roster.
+        deadline = time.monotonic() + 10
+        while set(_health(scheduler.url)) != {"gw-a", "gw-b"}:
+            assert time.monotonic() < deadline, "the nodes did not come back after the wipe"
+            time.sleep(0.1)
+        assert node_of(redis_server, sbx.sandbox_id) is None
+        assert sbx.commands.run("echo still", timeout=30).stdout == "still\n"
+        assert node_of(redis_server, sbx.sandbox_id) is not None
+        again = Sandbox.create(timeout=120)
+        again.kill()
+    finally:
+        sbx.kill()
+
+
+def test_a_hung_node_is_suspect_then_lost_and_the_other_serves(
+        sdk: None, nodes: list[NodeServer], gateway: Service, scheduler: Service,
+        redis_server: RedisServer) -> None:
+    import signal
+    import time
+
+    from e2b.exceptions import SandboxException
+
+    b = nodes[1]
+    on_b: list[Sandbox] = []
+    keep: list[Sandbox] = []
+    for _ in range(4):
+        sbx = Sandbox.create(timeout=120)
+        (on_b if node_of(redis_server, sbx.sandbox_id) == "gw-b" else keep).append(sbx)
+    assert on_b and keep, "both nodes should hold sandboxes (limits of 2 each)"
+    b.process.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        seen: dict[str, float] = {}
+        while "lost" not in seen:
+            state = _health(scheduler.url)["gw-b"]
+            seen.setdefault(state, time.monotonic() - stopped)
+            assert time.monotonic() - stopped < 30, seen
+            time.sleep(0.2)
+        # Documented bounds (cluster/model.py): suspect 6-8 s, lost 20-22 s after the last
+        # heartbeat (every 0.5 s here); the first ready sample may precede the stop.
+        assert 5.0 <= seen["suspect"] <= 8.5 and 19.0 <= seen["lost"] <= 22.5, seen
+        t0 = time.monotonic()
+        with pytest.raises(SandboxException, match="lost"):
+            on_b[0].commands.run("true", request_timeout=10)
+        assert time.monotonic() - t0 < 3
+        for sbx in keep:
+            assert sbx.commands.run("echo fine").stdout == "fine\n"
+    finally:
+        b.process.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while _health(scheduler.url)["gw-b"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    for sbx in on_b + keep:
+        sbx.kill()

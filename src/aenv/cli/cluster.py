@@ -51,11 +51,10 @@ def scheduler(
     listen: Annotated[str, typer.Option(help="HOST:PORT to serve on")] = DEFAULT_SCHEDULER,
 ) -> None:
     """Serve the scheduler: where each new, resumed or forked sandbox goes."""
-    from redis.asyncio import Redis
-
+    from aenv.cluster.redis_client import connect
     from aenv.cluster.scheduler import create_app
 
-    _serve(create_app(Redis.from_url(_redis_url(cluster), decode_responses=True)), listen)
+    _serve(create_app(connect(_redis_url(cluster))), listen)
 
 
 def gateway(
@@ -68,11 +67,9 @@ def gateway(
              "the nodes still check it)")] = None,
 ) -> None:
     """Serve the gateway: the E2B API and sandbox traffic of the whole cluster."""
-    from redis.asyncio import Redis
-
     from aenv.cluster.gateway import create_app
+    from aenv.cluster.redis_client import connect
 
     scheduler_url = scheduler or os.environ.get("AENV_SCHEDULER") or f"http://{DEFAULT_SCHEDULER}"
     key = api_key or os.environ.get("AENV_API_KEY")
-    _serve(create_app(Redis.from_url(_redis_url(cluster), decode_responses=True),
-                      scheduler_url, key), listen)
+    _serve(create_app(connect(_redis_url(cluster)), scheduler_url, key), listen)

@@ -12,8 +12,9 @@ Stateless; any number of replicas. What it does with a request:
   continues on every node at once. ``X-Total-Running`` is the sum.
 * **A sandbox's calls and traffic** (``/sandboxes/{id}/…``, and envd traffic by the
   ``E2b-Sandbox-Id`` header or a ``{port}-{id}.`` host): to the sandbox's node
-  (``bindings.py``). A sandbox whose node is lost answers 503 at once, one whose node does
-  not accept a connection 503 after the connect timeout; never a hang.
+  (``bindings.py``). A sandbox whose node is suspect or lost (``model.py``) answers 503 at
+  once, one whose node does not accept a connection 503 after the connect timeout; never a
+  hang.
 * **Anything else** (templates, snapshots): to a ready node; every node serves the shared
   repository's templates and snapshots.
 
@@ -32,6 +33,7 @@ from datetime import datetime
 
 import httpx
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -71,6 +73,13 @@ class Gateway:
     # -- entry ------------------------------------------------------------------------------
 
     async def handle(self, request: Request) -> Response:
+        try:
+            return await self._handle(request)
+        except RedisError as exc:
+            return _error(503, f"the cluster's state store cannot be reached: {exc}",
+                          {"Retry-After": "1"})
+
+    async def _handle(self, request: Request) -> Response:
         target = route(request.scope)
         if isinstance(target, str):
             return _error(400, target)
@@ -110,8 +119,13 @@ class Gateway:
             return _error(404, f"sandbox {sandbox_id} not found")
         nodes, now = await self._nodes()
         node = next((n for n in nodes if n.node_id == bound[0]), None)
-        if node is None or node.health(now) is Health.LOST:
+        health = node.health(now) if node is not None else Health.LOST
+        if node is None or health is Health.LOST:
             return _error(503, f"sandbox {sandbox_id} was on node {bound[0]}, which is lost")
+        if health is Health.SUSPECT:
+            # A hung node accepts connections and answers nothing: no call may wait on it.
+            return _error(503, f"sandbox {sandbox_id} is on node {node.node_id}, which has not "
+                               "sent a heartbeat for a while; try again", {"Retry-After": "2"})
         try:
             return await forward.forward(self.http, request, node.address)
         except httpx.TransportError as exc:

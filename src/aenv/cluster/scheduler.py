@@ -29,6 +29,7 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from aenv.api import errors
 from aenv.cluster import placement, registry, reserve
@@ -77,6 +78,10 @@ def create_app(redis: Redis, keys: Keys | None = None) -> FastAPI:
 
     app = FastAPI(title="aenv scheduler", lifespan=lifespan)
     errors.install(app)
+
+    @app.exception_handler(RedisError)
+    async def _redis_down(_: object, exc: RedisError) -> JSONResponse:
+        return _refusal(503, NO_NODES, f"the cluster's state store cannot be reached: {exc}", 1)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
