@@ -10,6 +10,10 @@ Stateless; any number of replicas. What it does with a request:
   the answers merged in the nodes' own order (start time, then id) and cut at ``limit``; the
   ``X-Next-Token`` is the nodes' keyset cursor of the page's last sandbox, so the next page
   continues on every node at once. ``X-Total-Running`` is the sum.
+* **Resume and connect** of a sandbox whose node is lost, or refuses connections (it
+  died): placed again (the old node excluded) and sent to the new node, which adopts the
+  paused sandbox from the shared repository; the binding moves with the next fencing token.
+  A sandbox that was *running* on a dead node is gone with it: the new node answers 404.
 * **A sandbox's calls and traffic** (``/sandboxes/{id}/…``, and envd traffic by the
   ``E2b-Sandbox-Id`` header or a ``{port}-{id}.`` host): to the sandbox's node
   (``bindings.py``). A sandbox whose node is suspect or lost (``model.py``) answers 503 at
@@ -25,6 +29,7 @@ API keys: the gateway checks ``X-API-KEY`` on the control plane against the clus
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
 from collections.abc import AsyncIterator
@@ -50,6 +55,8 @@ CREATE_ATTEMPTS = 3
 _BY_ID = re.compile(r"^/(?:v\d+/)?sandboxes/([a-z0-9]{8,64})(?:/|$)")
 _NOT_IDS = frozenset({"metrics"})
 _LIST_PATHS = frozenset({"/sandboxes", "/v2/sandboxes"})
+_RESUME = re.compile(r"^/(?:v\d+/)?sandboxes/[a-z0-9]+/(?:connect|resume)$")
+log = logging.getLogger("aenv.cluster.gateway")
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -120,17 +127,57 @@ class Gateway:
         nodes, now = await self._nodes()
         node = next((n for n in nodes if n.node_id == bound[0]), None)
         health = node.health(now) if node is not None else Health.LOST
+        resume = request.method == "POST" and _RESUME.match(request.url.path) is not None
         if node is None or health is Health.LOST:
+            if resume:
+                return await self._resume_elsewhere(request, sandbox_id, bound)
             return _error(503, f"sandbox {sandbox_id} was on node {bound[0]}, which is lost")
         if health is Health.SUSPECT:
             # A hung node accepts connections and answers nothing: no call may wait on it.
             return _error(503, f"sandbox {sandbox_id} is on node {node.node_id}, which has not "
                                "sent a heartbeat for a while; try again", {"Retry-After": "2"})
+        body = await request.body() if resume else None
         try:
-            return await forward.forward(self.http, request, node.address)
+            return await forward.forward(self.http, request, node.address, body=body)
+        except httpx.ConnectError:
+            # Nothing listens there (the node died): a paused sandbox it published to the
+            # shared repository can resume on another node.
+            if resume:
+                return await self._resume_elsewhere(request, sandbox_id, bound, body)
+            return _error(503, f"sandbox {sandbox_id} is on node {node.node_id}, which does "
+                               "not accept connections")
         except httpx.TransportError as exc:
             return _error(503, f"sandbox {sandbox_id} is on node {node.node_id}, which cannot "
                                f"be reached: {type(exc).__name__}")
+
+    async def _resume_elsewhere(self, request: Request, sandbox_id: str,
+                                bound: tuple[str, int], body: bytes | None = None) -> Response:
+        """Resume ``sandbox_id`` on another node (its node is gone): a placement with the
+        old node excluded, the resume sent there (the node adopts the sandbox from the
+        shared repository), then the binding moved with the next fencing token."""
+        body = body if body is not None else await request.body()
+        placed = await self.http.post(f"{self.scheduler_url}/v1/placements", json={
+            "origin": bound[0], "exclude": [bound[0]]})
+        if placed.status_code != 201:
+            return Response(placed.content, status_code=placed.status_code,
+                            headers={k: v for k, v in placed.headers.items()
+                                     if k.lower() in ("content-type", "retry-after")})
+        [placement] = placed.json()["placements"]
+        try:
+            sent = await self.http.post(
+                placement["address"].rstrip("/") + request.url.path, params=request.url.query,
+                content=body, headers=forward.request_headers(request))
+        except httpx.TransportError as exc:
+            await self._settle(placement["reservationID"], commit=False)
+            return _error(503, f"sandbox {sandbox_id}'s node is gone and node "
+                               f"{placement['nodeID']} cannot be reached: {type(exc).__name__}")
+        ok = sent.status_code in (200, 201)
+        await self._settle(placement["reservationID"], commit=ok)
+        if ok and not await bindings.bind(self.redis, self.keys, sandbox_id,
+                                          placement["nodeID"], bound[1] + 1):
+            log.warning("sandbox %s was moved by another gateway at the same time", sandbox_id)
+        return Response(sent.content, status_code=sent.status_code, headers={
+            k: v for k, v in sent.headers.items() if k.lower() in ("content-type",)})
 
     async def _to_any(self, request: Request) -> Response:
         nodes, now = await self._nodes()

@@ -1,0 +1,80 @@
+"""Pause on node A, ``kill -9`` A, resume through the gateway: the sandbox lands on node B
+with its files and its processes, from the shared repository (a real S3 server process)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+
+import pytest
+from e2b import Sandbox
+
+from tests.cluster.services import service
+from tests.cluster.test_gateway import node_of
+from tests.conftest import free_port
+from tests.redis_server import RedisServer
+from tests.s3 import run_s3_server
+from tests.server.harness import API_KEY, NodeServer, cleanup_home, kill_leaked, start_server
+from tests.server.test_shared_repository import (
+    crash_and_scrub,
+    pause_until_published,
+    s3_settings,
+    start_counter,
+)
+
+pytestmark = [pytest.mark.gvisor, pytest.mark.timeout(600)]
+
+
+def _stop(node: NodeServer) -> None:
+    if node.process.poll() is None:
+        node.stop()
+    kill_leaked(node.home)
+    cleanup_home(node.home)
+
+
+def test_a_paused_sandbox_of_a_dead_node_resumes_on_another(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    nonce = secrets.token_hex(4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))}
+    with run_s3_server() as s3:
+        settings = {**s3_settings(s3, f"move-{nonce}"), "cluster": redis_server.url,
+                    "heartbeat_interval_s": "0.5"}
+        a = start_server(free_port(), node_id=f"mv-a-{nonce}", max_sandboxes="1", **settings)
+        b = start_server(free_port(), node_id=f"mv-b-{nonce}", **settings)
+        try:
+            with service("scheduler", "--cluster", redis_server.url, env=env) as scheduler, \
+                 service("gateway", "--cluster", redis_server.url, "--scheduler",
+                         scheduler.url, "--api-key", API_KEY, env=env) as gateway:
+                for key, value in (("E2B_API_URL", gateway.url),
+                                   ("E2B_SANDBOX_URL", gateway.url), ("E2B_API_KEY", API_KEY)):
+                    monkeypatch.setenv(key, value)
+                monkeypatch.delenv("E2B_DEBUG", raising=False)
+                # A is idle and B busier, so the create goes to A (checked, not assumed).
+                busy = Sandbox.create(timeout=300)
+                sbx = Sandbox.create(timeout=300)
+                if node_of(redis_server, sbx.sandbox_id) != f"mv-a-{nonce}":
+                    sbx, busy = busy, sbx
+                assert node_of(redis_server, sbx.sandbox_id) == f"mv-a-{nonce}"
+                sbx.files.write("/home/user/kept.txt", f"files-{nonce}")
+                start_counter(sbx)
+                before = int(sbx.files.read("/tmp/count").strip())
+                pause_until_published(a, sbx)
+                crash_and_scrub(a)
+                started = time.monotonic()
+                resumed = Sandbox.connect(sbx.sandbox_id, timeout=120)
+                took = time.monotonic() - started
+                assert node_of(redis_server, sbx.sandbox_id) == f"mv-b-{nonce}"
+                assert resumed.files.read("/home/user/kept.txt") == f"files-{nonce}"
+                first = int(resumed.files.read("/tmp/count").strip())
+                time.sleep(0.5)
+                second = int(resumed.files.read("/tmp/count").strip())
+                assert second > first >= before, (before, first, second)
+                print(f"resumed on B {took:.2f} s after A died")
+                resumed.kill()
+                busy.kill()
+                assert "Traceback" not in gateway.log(), gateway.log()[-3000:]
+        finally:
+            _stop(b)
+            if a.home.exists():
+                _stop(a)
