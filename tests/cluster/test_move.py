@@ -78,3 +78,43 @@ def test_a_paused_sandbox_of_a_dead_node_resumes_on_another(
             _stop(b)
             if a.home.exists():
                 _stop(a)
+
+
+def test_a_fork_from_a_full_node_places_children_on_another(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from aenv.client.sync import Client
+
+    nonce = secrets.token_hex(4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))}
+    with run_s3_server() as s3:
+        settings = {**s3_settings(s3, f"fork-{nonce}"), "cluster": redis_server.url,
+                    "heartbeat_interval_s": "0.5"}
+        a = start_server(free_port(), node_id=f"fk-a-{nonce}", max_sandboxes="3", **settings)
+        b: NodeServer | None = None
+        try:
+            with service("scheduler", "--cluster", redis_server.url, env=env) as scheduler, \
+                 service("gateway", "--cluster", redis_server.url, "--scheduler",
+                         scheduler.url, "--api-key", API_KEY, env=env) as gateway, \
+                 Client(api_url=gateway.url, api_key=API_KEY, sandbox_url=gateway.url,
+                        deadline_s=60) as client:
+                parent = client.create("base", timeout=300)  # A is the only node yet
+                assert node_of(redis_server, parent.sandbox_id) == f"fk-a-{nonce}"
+                parent.write_file("/home/user/kept.txt", f"parent-{nonce}")
+                b = start_server(free_port(), node_id=f"fk-b-{nonce}", **settings)
+                children = client.fork(parent.sandbox_id, 8, timeout=300)
+                assert len(children) == 8 and not children.errors, children.errors
+                where = [node_of(redis_server, c.sandbox_id) for c in children]
+                # A holds the parent and two children (its limit is 3); B the other six.
+                assert where.count(f"fk-a-{nonce}") == 2, where
+                assert where.count(f"fk-b-{nonce}") == 6, where
+                for child in children:
+                    assert child.read_file("/home/user/kept.txt") == f"parent-{nonce}"
+                    assert child.run("echo child").stdout == "child\n"
+                for child in children:
+                    child.kill()
+                parent.kill()
+                assert "Traceback" not in gateway.log(), gateway.log()[-3000:]
+        finally:
+            if b is not None:
+                _stop(b)
+            _stop(a)

@@ -10,6 +10,8 @@ Stateless; any number of replicas. What it does with a request:
   the answers merged in the nodes' own order (start time, then id) and cut at ``limit``; the
   ``X-Next-Token`` is the nodes' keyset cursor of the page's last sandbox, so the next page
   continues on every node at once. ``X-Total-Running`` is the sum.
+* **Fork** (``POST /sandboxes/{id}/fork``): the parent's node forks what fits; children it
+  has no room for start on other nodes from a snapshot of the parent (``fork_spread.py``).
 * **Resume and connect** of a sandbox whose node is lost, or refuses connections (it
   died): placed again (the old node excluded) and sent to the new node, which adopts the
   paused sandbox from the shared repository; the binding moves with the next fencing token.
@@ -45,7 +47,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.listing import encode_cursor
-from aenv.cluster import bindings, forward, registry
+from aenv.cluster import bindings, fork_spread, forward, registry
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
 from aenv.proxy.routing import Target, route
@@ -55,6 +57,7 @@ CREATE_ATTEMPTS = 3
 _BY_ID = re.compile(r"^/(?:v\d+/)?sandboxes/([a-z0-9]{8,64})(?:/|$)")
 _NOT_IDS = frozenset({"metrics"})
 _LIST_PATHS = frozenset({"/sandboxes", "/v2/sandboxes"})
+_FORK = re.compile(r"^/sandboxes/([a-z0-9]+)/fork$")
 _RESUME = re.compile(r"^/(?:v\d+/)?sandboxes/[a-z0-9]+/(?:connect|resume)$")
 log = logging.getLogger("aenv.cluster.gateway")
 
@@ -101,6 +104,9 @@ class Gateway:
             return await self._create(request)
         if path in _LIST_PATHS and request.method == "GET":
             return await self._list(request)
+        fork = _FORK.match(path)
+        if fork and request.method == "POST":
+            return await self._fork(request, fork.group(1))
         match = _BY_ID.match(path)
         if match and match.group(1) not in _NOT_IDS:
             answer = await self._to_sandbox(request, match.group(1))
@@ -149,6 +155,48 @@ class Gateway:
         except httpx.TransportError as exc:
             return _error(503, f"sandbox {sandbox_id} is on node {node.node_id}, which cannot "
                                f"be reached: {type(exc).__name__}")
+
+    async def _fork(self, request: Request, parent_id: str) -> Response:
+        """The parent's node forks what fits; the rest go to other nodes (``fork_spread``)."""
+        bound = await bindings.lookup(self.redis, self.keys, parent_id)
+        nodes, now = await self._nodes()
+        node = next((n for n in nodes if bound and n.node_id == bound[0]), None)
+        if bound is None or node is None or node.health(now) is not Health.READY:
+            return await self._to_sandbox(request, parent_id)
+        body = await request.body()
+        headers = forward.request_headers(request)
+        try:
+            sent = await self.http.post(node.address + request.url.path, content=body,
+                                        headers=headers)
+        except httpx.TransportError as exc:
+            return _error(503, f"sandbox {parent_id} is on node {node.node_id}, which cannot "
+                               f"be reached: {type(exc).__name__}")
+        if sent.status_code != 201:
+            return Response(sent.content, status_code=sent.status_code,
+                            media_type="application/json")
+        try:
+            wanted = json.loads(body or b"{}")
+            timeout = wanted.get("timeout") if isinstance(wanted, dict) else None
+        except ValueError:
+            timeout = None
+        send_headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+
+        async def send(method: str, base: str, path: str, payload: object) -> httpx.Response:
+            return await self.http.request(method, base.rstrip("/") + path, json=payload,
+                                           headers=send_headers)
+
+        entries = sent.json()
+        for entry in entries:
+            child = entry.get("sandbox") or {}
+            if child.get("sandboxID"):
+                await bindings.bind(self.redis, self.keys, child["sandboxID"], node.node_id, 1)
+        entries, made = await fork_spread.spread(
+            send, self.scheduler_url, self.http, parent_id=parent_id,
+            parent_node=(node.node_id, node.address), entries=entries,
+            timeout=timeout if isinstance(timeout, int) else None)
+        for child_id, child_node in made:
+            await bindings.bind(self.redis, self.keys, child_id, child_node, 1)
+        return JSONResponse(entries, status_code=201)
 
     async def _resume_elsewhere(self, request: Request, sandbox_id: str,
                                 bound: tuple[str, int], body: bytes | None = None) -> Response:

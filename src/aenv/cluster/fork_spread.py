@@ -1,0 +1,83 @@
+"""A fork whose source node is full: the children it cannot hold start on other nodes.
+
+The source's node forks what fits (its answer lists the rest as 429 entries). For those,
+the parent is snapshotted once on its node (the snapshot goes to the shared repository),
+the scheduler spreads the remaining children over other nodes (``spread``), and each is
+created there from the snapshot. The answer keeps the node's shape: one entry per child,
+in order, each a sandbox or an error.
+
+The snapshot stays in the repository, named ``fork-<parent id>-<n>``: a node's restore of
+a memory image needs its blobs until the children are gone, and the repository's garbage
+collection keeps what any manifest still names. It is listed with the other snapshots.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+#: Sends (method, base URL, path, JSON body) with the caller's headers; the httpx answer.
+Send = Callable[[str, str, str, object], Awaitable[httpx.Response]]
+
+
+async def spread(send: Send, scheduler_url: str, http: httpx.AsyncClient, *,
+                 parent_id: str, parent_node: tuple[str, str], entries: list[dict[str, Any]],
+                 timeout: int | None) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """``entries`` (the node's answer) with its 429 entries replaced by children on other
+    nodes where there is room; the (sandbox id, node id) of each child made here."""
+    full = [i for i, e in enumerate(entries) if (e.get("error") or {}).get("code") == 429]
+    if not full:
+        return entries, []
+    node_id, address = parent_node
+    name = f"fork-{parent_id}-{secrets.token_hex(3)}"
+    snap = await send("POST", address, f"/sandboxes/{parent_id}/snapshots", {"name": name})
+    if snap.status_code != 201:
+        return entries, []  # the node's own answer stands: its children, and its 429s
+    snapshot_id = snap.json()["snapshotID"]
+    placed = await http.post(f"{scheduler_url}/v1/placements", json={
+        "templateID": snapshot_id, "snapshotID": snapshot_id, "count": len(full),
+        "spread": True, "exclude": [node_id]})
+    if placed.status_code != 201:
+        return entries, []
+    made: list[tuple[str, str]] = []
+    slots = iter(full)
+    for placement in placed.json()["placements"]:
+        for _ in range(placement["count"]):
+            index = next(slots)
+            body: dict[str, Any] = {"templateID": snapshot_id}
+            if timeout is not None:
+                body["timeout"] = timeout
+            try:
+                created = await send("POST", placement["address"], "/sandboxes", body)
+            except httpx.TransportError as exc:
+                entries[index] = {"error": {"code": 503, "message": f"node {placement['nodeID']}"
+                                            f" cannot be reached: {type(exc).__name__}"}}
+                continue
+            if created.status_code == 201:
+                child = created.json()
+                entries[index] = {"sandbox": child}
+                made.append((str(child["sandboxID"]), placement["nodeID"]))
+            else:
+                entries[index] = {"error": _error_of(created)}
+        await _settle(http, scheduler_url, placement["reservationID"])
+    return entries, made
+
+
+def _error_of(answer: httpx.Response) -> dict[str, Any]:
+    try:
+        body = answer.json()
+    except json.JSONDecodeError:
+        body = {}
+    return {"code": answer.status_code,
+            "message": str(body.get("message") if isinstance(body, dict) else answer.text)}
+
+
+async def _settle(http: httpx.AsyncClient, scheduler_url: str, reservation: str) -> None:
+    try:
+        await http.post(f"{scheduler_url}/v1/reservations/{reservation}/commit")
+    except httpx.TransportError:
+        pass  # expires on its own
