@@ -118,3 +118,55 @@ def test_a_fork_from_a_full_node_places_children_on_another(
             if b is not None:
                 _stop(b)
             _stop(a)
+
+
+def test_drain_moves_every_sandbox_to_another_node(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from tests.cli_run import AENV
+
+    nonce = secrets.token_hex(4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))}
+    with run_s3_server() as s3:
+        settings = {**s3_settings(s3, f"drain-{nonce}"), "cluster": redis_server.url,
+                    "heartbeat_interval_s": "0.5"}
+        a = start_server(free_port(), node_id=f"dr-a-{nonce}", **settings)
+        b: NodeServer | None = None
+        try:
+            with service("scheduler", "--cluster", redis_server.url, env=env) as scheduler, \
+                 service("gateway", "--cluster", redis_server.url, "--scheduler",
+                         scheduler.url, "--api-key", API_KEY, env=env) as gateway:
+                for key, value in (("E2B_API_URL", gateway.url),
+                                   ("E2B_SANDBOX_URL", gateway.url), ("E2B_API_KEY", API_KEY)):
+                    monkeypatch.setenv(key, value)
+                monkeypatch.delenv("E2B_DEBUG", raising=False)
+                moving = [Sandbox.create(timeout=300) for _ in range(2)]  # A is alone yet
+                for sbx in moving:
+                    sbx.files.write("/home/user/kept.txt", sbx.sandbox_id)
+                    start_counter(sbx)
+                b = start_server(free_port(), node_id=f"dr-b-{nonce}", **settings)
+                drained = subprocess.run(
+                    [str(AENV), "node", "drain", f"dr-a-{nonce}", "--cluster", redis_server.url],
+                    env={**env, "E2B_API_URL": gateway.url, "E2B_API_KEY": API_KEY},
+                    capture_output=True, text=True, timeout=300, check=False)
+                assert drained.returncode == 0, drained.stderr
+                assert sorted(drained.stdout.split()) == sorted(s.sandbox_id for s in moving)
+                for sbx in moving:
+                    assert node_of(redis_server, sbx.sandbox_id) == f"dr-b-{nonce}"
+                    again = Sandbox.connect(sbx.sandbox_id, timeout=120)
+                    assert again.files.read("/home/user/kept.txt") == sbx.sandbox_id
+                    first = int(again.files.read("/tmp/count").strip())
+                    time.sleep(0.3)
+                    assert int(again.files.read("/tmp/count").strip()) > first
+                # Nothing new goes to the draining node.
+                fresh = Sandbox.create(timeout=60)
+                assert node_of(redis_server, fresh.sandbox_id) == f"dr-b-{nonce}"
+                fresh.kill()
+                for sbx in moving:
+                    Sandbox.connect(sbx.sandbox_id).kill()
+                assert "Traceback" not in gateway.log(), gateway.log()[-3000:]
+        finally:
+            if b is not None:
+                _stop(b)
+            _stop(a)

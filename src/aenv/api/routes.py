@@ -14,6 +14,7 @@ from aenv.api.convert import detail, iso, listed, sandbox_out
 from aenv.api.node import NodeDep, node_of
 from aenv.api.schemas import (
     ConnectBody,
+    DrainOut,
     ErrorOut,
     ForkBody,
     ForkEntry,
@@ -39,6 +40,7 @@ from aenv.core.states import SandboxState
 from aenv.orchestrator import gc, idle
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops import create as create_op
+from aenv.orchestrator.ops import drain as drain_op
 from aenv.orchestrator.ops import fork as fork_op
 from aenv.orchestrator.ops import kill as kill_op
 from aenv.orchestrator.ops import lifetime, metrics
@@ -323,3 +325,11 @@ async def sandbox_metrics(
             diskTotal=sample.stats.disk_total,
         )
     ]
+
+
+@router.post("/node/drain", response_model=DrainOut)
+async def drain_node(node: NodeDep) -> DrainOut:
+    """aenv's own: stop taking placements and hand every sandbox to the shared repository
+    (``orchestrator/ops/drain.py``); the cluster resumes them elsewhere."""
+    done = await drain_op.drain(node)
+    return DrainOut(moved=done.moved, parked=done.parked, failed=done.failed)

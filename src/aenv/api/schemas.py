@@ -141,6 +141,14 @@ class SnapshotInfo(BaseModel):
     names: list[str]
 
 
+class DrainOut(BaseModel):
+    """``POST /node/drain`` (aenv's own): sandbox ids by what became of them."""
+
+    moved: list[str]
+    parked: list[str]
+    failed: dict[str, str]
+
+
 class GcOut(BaseModel):
     """``POST /repository/gc`` (aenv's own)."""
 

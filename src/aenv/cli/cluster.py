@@ -21,7 +21,7 @@ Cluster = Annotated[str | None, typer.Option(
     "--cluster", help="the cluster's Redis URL (default AENV_CLUSTER)")]
 
 
-def _redis_url(cluster: str | None) -> str:
+def redis_url(cluster: str | None) -> str:
     url = cluster or os.environ.get("AENV_CLUSTER")
     if not url:
         fail("no cluster: pass --cluster redis://HOST:6379/0 or set AENV_CLUSTER")
@@ -54,7 +54,7 @@ def scheduler(
     from aenv.cluster.redis_client import connect
     from aenv.cluster.scheduler import create_app
 
-    _serve(create_app(connect(_redis_url(cluster))), listen)
+    _serve(create_app(connect(redis_url(cluster))), listen)
 
 
 def gateway(
@@ -72,4 +72,4 @@ def gateway(
 
     scheduler_url = scheduler or os.environ.get("AENV_SCHEDULER") or f"http://{DEFAULT_SCHEDULER}"
     key = api_key or os.environ.get("AENV_API_KEY")
-    _serve(create_app(connect(_redis_url(cluster)), scheduler_url, key), listen)
+    _serve(create_app(connect(redis_url(cluster)), scheduler_url, key), listen)

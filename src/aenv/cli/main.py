@@ -9,6 +9,7 @@ from aenv.cli import cluster, copy, doctor, execute, info, sandboxes, shell
 from aenv.cli.auth import app as auth_app
 from aenv.cli.bench import app as bench_app
 from aenv.cli.envd import app as envd_app
+from aenv.cli.node import app as node_app
 from aenv.cli.server import app as server_app
 from aenv.cli.snapshot import app as snapshot_app
 from aenv.cli.template import app as template_app
@@ -23,6 +24,7 @@ app = typer.Typer(
 app.add_typer(auth_app, name="auth")
 app.add_typer(bench_app, name="bench")
 app.add_typer(envd_app, name="envd")
+app.add_typer(node_app, name="node")
 app.add_typer(server_app, name="server")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")

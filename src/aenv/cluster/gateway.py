@@ -12,9 +12,10 @@ Stateless; any number of replicas. What it does with a request:
   continues on every node at once. ``X-Total-Running`` is the sum.
 * **Fork** (``POST /sandboxes/{id}/fork``): the parent's node forks what fits; children it
   has no room for start on other nodes from a snapshot of the parent (``fork_spread.py``).
-* **Resume and connect** of a sandbox whose node is lost, or refuses connections (it
-  died): placed again (the old node excluded) and sent to the new node, which adopts the
-  paused sandbox from the shared repository; the binding moves with the next fencing token.
+* **Resume and connect** of a sandbox whose node is draining, lost, or refuses
+  connections (it died): placed again (the old node excluded) and sent to the new node,
+  which adopts the paused sandbox from the shared repository; the binding moves with the
+  next fencing token.
   A sandbox that was *running* on a dead node is gone with it: the new node answers 404.
 * **A sandbox's calls and traffic** (``/sandboxes/{id}/…``, and envd traffic by the
   ``E2b-Sandbox-Id`` header or a ``{port}-{id}.`` host): to the sandbox's node
@@ -134,7 +135,7 @@ class Gateway:
         node = next((n for n in nodes if n.node_id == bound[0]), None)
         health = node.health(now) if node is not None else Health.LOST
         resume = request.method == "POST" and _RESUME.match(request.url.path) is not None
-        if node is None or health is Health.LOST:
+        if node is None or health is Health.LOST or (resume and health is Health.DRAINING):
             if resume:
                 return await self._resume_elsewhere(request, sandbox_id, bound)
             return _error(503, f"sandbox {sandbox_id} was on node {bound[0]}, which is lost")

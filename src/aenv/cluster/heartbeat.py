@@ -94,8 +94,8 @@ def advertised(node: Node) -> str:
 
 
 class Heartbeat:
-    """The heartbeat loop of one node (``start``/``close``); ``draining`` is its own word
-    to the schedulers (``aenv node drain`` sets it)."""
+    """The heartbeat loop of one node (``start``/``close``). The node's ``draining`` (set by
+    ``ops/drain.py``) is its word to the schedulers."""
 
     def __init__(self, node: Node, redis: Redis, keys: Keys | None = None) -> None:
         self.node = node
@@ -103,7 +103,6 @@ class Heartbeat:
         self.keys = keys or Keys()
         self.node_id = node_id_of(node)
         self.address = advertised(node)
-        self.draining = False
         self._cpu = CpuMeter()
         self._task: asyncio.Task[None] | None = None
 
@@ -117,7 +116,7 @@ class Heartbeat:
         warm = self.node.warm
         info = NodeInfo(
             node_id=self.node_id, address=self.address,
-            state="draining" if self.draining else "ready",
+            state="draining" if self.node.draining else "ready",
             limit=self.node.settings.max_sandboxes,
             starting_limit=self.node.settings.max_concurrent_starts
             + self.node.settings.max_queued_starts,

@@ -126,3 +126,6 @@ class Node:
     host_requirements: dict[str, str] = field(default_factory=dict)
     #: Disk workspaces (``workspace = "disk"``): the sandboxes' disk images; None otherwise.
     workspaces: WorkspaceStore | None = None
+    #: Set by a drain (``ops/drain.py``): the node's heartbeats say ``draining``, so the
+    #: cluster places nothing more here.
+    draining: bool = False
