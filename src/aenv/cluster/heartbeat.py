@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 from aenv.cluster import registry
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import NodeInfo
+from aenv.core.errors import InvalidArgument
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.restore_match import requirements_key
@@ -88,8 +89,9 @@ def advertised(node: Node) -> str:
         return node.settings.advertise.rstrip("/")
     host, _, port = node.settings.listen.rpartition(":")
     if host in ("", "0.0.0.0", "::", "[::]"):
-        raise ValueError(f"listen {node.settings.listen!r} is every address: set "
-                         "AENV_ADVERTISE to the URL other cluster members reach this node at")
+        raise InvalidArgument(f"listen {node.settings.listen!r} is every address: set "
+                              "AENV_ADVERTISE to the URL other cluster members reach this "
+                              "node at")
     return f"http://{host}:{port}"
 
 

@@ -1,11 +1,20 @@
 """The one way cluster mode connects to Redis: text replies, bounded timeouts, and retries
 of a dropped connection (a Redis restart or a Sentinel failover closes every connection; the
-next command reconnects instead of failing)."""
+next command reconnects instead of failing).
+
+URLs: ``redis://[:password@]host:port/db`` (one server), or
+``redis+sentinel://[:password@]sentinel1:26379,sentinel2:26379/<master name>/<db>``: the
+client asks the sentinels for the current master and follows a failover.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -13,11 +22,32 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 #: Seconds a command or a connect may take before it counts as failed.
 TIMEOUT_S = 5.0
 RETRIES = 3
+SENTINEL_SCHEME = "redis+sentinel"
+
+
+def _options() -> dict[str, Any]:
+    return {
+        "decode_responses": True, "socket_timeout": TIMEOUT_S,
+        "socket_connect_timeout": TIMEOUT_S, "health_check_interval": 10,
+        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), RETRIES),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+    }
 
 
 def connect(url: str) -> Redis:
-    return Redis.from_url(
-        url, decode_responses=True, socket_timeout=TIMEOUT_S,
-        socket_connect_timeout=TIMEOUT_S, health_check_interval=10,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RETRIES),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError])
+    if not url.startswith(SENTINEL_SCHEME + "://"):
+        return Redis.from_url(url, **_options())
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    password = unquote(parts.password) if parts.password else None
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise ValueError(f"{url}: name the master: redis+sentinel://HOSTS/<master>[/<db>]")
+    master, db = path[0], int(path[1]) if len(path) > 1 else 0
+    sentinels = []
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":")
+        sentinels.append((name, int(port)) if name else (host, 26379))
+    sentinel = Sentinel(sentinels, socket_timeout=TIMEOUT_S)  # type: ignore[no-untyped-call]
+    client: Redis = sentinel.master_for(master, db=db, password=password, **_options())
+    return client
