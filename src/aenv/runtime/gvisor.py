@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -76,6 +77,8 @@ _CHECKPOINT_ARG = {
 }
 #: How often a ``runsc delete`` in progress looks for the processes it killed, to reap them.
 REAP_POLL_S = 0.02
+#: A gofer exits within milliseconds of its sandbox; past this, the delete goes on (logged).
+GOFER_EXIT_TIMEOUT_S = 10.0
 #: A save writes the sandbox's memory: seconds for a large one.
 CHECKPOINT_TIMEOUT_S = 300.0
 
@@ -508,17 +511,40 @@ class GvisorRuntime:
 
     async def _delete(self, runtime_id: str, pid: int | None) -> None:
         """``runsc delete``, reaping what it kills meanwhile: it waits until the killed
-        sandbox and gofer are reaped, and the node (their subreaper: ``runtime/reaper.py``)
-        is who reaps them."""
+        sandbox is reaped, and the node (its subreaper: ``runtime/reaper.py``) is who reaps
+        it. Then, until the gofer has exited too: runsc does not wait for it, and a gofer
+        still flushing files into a rootfs that is unmounted or a disk that is detached next
+        leaves a busy mount or a damaged file system (seen as "Structure needs cleaning")."""
+        pids = [p for p in (pid, self._gofer_pid(runtime_id)) if p is not None]
         delete = asyncio.ensure_future(self.runsc.delete(runtime_id))
         try:
             while not delete.done():
-                reaper.reap_adopted([pid] if pid is not None else [])
+                reaper.reap_adopted(pids)
                 await asyncio.wait([delete], timeout=REAP_POLL_S)
         except BaseException:
             delete.cancel()
             raise
         await delete
+        deadline = time.monotonic() + GOFER_EXIT_TIMEOUT_S
+        while True:
+            reaper.reap_adopted(pids)
+            left = [p for p in pids if _pid_alive(p)]
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                log.warning("runtime processes %s of %s outlived its delete by %.0f s",
+                            left, runtime_id, GOFER_EXIT_TIMEOUT_S)
+                return
+            await asyncio.sleep(REAP_POLL_S)
+
+    def _gofer_pid(self, runtime_id: str) -> int | None:
+        """The gofer's pid from runsc's state file (None if it has none or is unreadable)."""
+        path = self.config.state_dir / "runsc" / f"{runtime_id}_sandbox:{runtime_id}.state"
+        try:
+            pid = json.loads(path.read_text()).get("goferPid")
+        except (OSError, ValueError):
+            return None
+        return pid if isinstance(pid, int) and pid > 0 else None
 
     def memory_charged(self, instance: Instance) -> int | None:
         """Bytes the sandbox's memory cgroup is charged now (guest memory and the files
