@@ -7,6 +7,7 @@ clean-up, then removes it by force, so a failing test never leaks loop devices.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import shutil
@@ -21,6 +22,7 @@ import pytest
 from aenv.core import proc
 from aenv.core.errors import (
     AlreadyExists,
+    Conflict,
     FailedPrecondition,
     InvalidArgument,
     NotEnoughSpace,
@@ -220,6 +222,61 @@ async def test_a_loop_device_left_by_a_crash_before_mount_is_cleared(store: Work
     assert now.autoclear and store.observe().mounted["half"] == now.device
     await store.detach("half")
     assert not loopdev.loops_backed_by(ws.image)
+
+
+def _hold_in_own_mount_namespace(path: Path) -> subprocess.Popen[bytes]:
+    """A process that keeps ``path`` open from a mount namespace of its own, as runsc's gofer
+    keeps a sandbox's rootfs: the mount outlives its unmount here while the process lives,
+    and goes a moment after it dies, from the kernel's own deferred work."""
+    holder = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f'exec 3>"{path}"; echo held >&3; exec sleep 600'])
+    deadline = time.monotonic() + 10
+    while not (path.exists() and path.read_text() == "held\n"):
+        assert time.monotonic() < deadline, "the holder did not start"
+        time.sleep(0.01)
+    return holder
+
+
+async def test_a_detach_ends_when_the_file_system_has_ended_not_at_its_unmount(
+        store: WorkspaceStore) -> None:
+    # The holder dies 0.3 s into the detach; the file system ends a moment later. A detach
+    # that returned at its unmount left the device behind (after a killed holder: 50 of 50
+    # times, for 10-30 ms on a quiet host, longer under load), and a resume attaching the
+    # image again then mounted a second live ext4 on it: "Structure needs cleaning".
+    ws = await store.create("held", 64)
+    mnt = await store.attach("held")
+    holder = _hold_in_own_mount_namespace(mnt / "upper" / "file")
+    asyncio.get_running_loop().call_later(0.3, holder.kill)
+    started = time.monotonic()
+    await store.detach("held")
+    assert time.monotonic() - started >= 0.3
+    holder.wait()
+    assert not loopdev.loops_backed_by(ws.image)
+    mnt = await store.attach("held")
+    assert (mnt / "upper" / "file").read_text() == "held\n"
+    await store.detach("held")
+
+
+async def test_an_image_whose_file_system_lives_on_is_not_attached_twice(
+        store: WorkspaceStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("aenv.storage.workspaces.RELEASE_TIMEOUT_S", 0.3)
+    ws = await store.create("alive", 64)
+    mnt = await store.attach("alive")
+    holder = _hold_in_own_mount_namespace(mnt / "upper" / "held")
+    try:
+        with pytest.raises(Conflict, match="still in use by the kernel"):
+            await store.detach("alive")
+        assert not store.is_attached("alive")
+        with pytest.raises(Conflict, match="still in use by the kernel"):
+            await store.attach("alive")
+        assert len(loopdev.loops_backed_by(ws.image)) == 1  # no second device
+    finally:
+        holder.kill()
+        holder.wait()
+    mnt = await store.attach("alive")
+    assert (mnt / "upper" / "held").read_text() == "held\n"
+    await store.detach("alive")
 
 
 async def test_detach_and_remove_are_idempotent(store: WorkspaceStore) -> None:

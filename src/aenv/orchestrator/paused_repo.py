@@ -80,17 +80,22 @@ async def publish(node: Node, record: SandboxRecord) -> SandboxRecord:
         disk = None
         if clone is not None and node.workspaces is not None:
             # Disk workspaces: the disk travels too (nothing runs: the clone is the pause).
-            await node.rootfs.ensure_mounted(sid)
+            # Attached or not, as the pause left it: mounting it here would race a kill or
+            # resume that runs meanwhile (the workspace lock orders only the clone).
             await node.workspaces.clone_frozen(sid, clone)
             disk = await disk_mode.export(node, sid, clone, snapshot_id)
         await node.repository.commit(
             staged, draft, layers=node.rootfs.recorded_lowers(sid) or [],
             envd_bundle=envd_bundle_of(record.instance, node.envd_bundle), memory_dir=image,
             disk=disk)
-    except BaseException:
+    except BaseException as exc:
         await asyncio.shield(node.repository.discard(staged))
         if clone is not None:
             clone.unlink(missing_ok=True)
+        if isinstance(exc, FileNotFoundError):
+            # A resume or kill that overtook the publish took its memory image or disk.
+            raise Conflict(f"sandbox {sid} changed while it was being published: {exc}"
+                           ) from exc
         raise
     try:
         return await node.store.update(

@@ -12,8 +12,10 @@ device behind; :func:`loops_backed_by` finds it and :func:`detach` removes it (r
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,8 @@ LOSETUP_TIMEOUT_S = 30.0
 _ALREADY_DETACHED = ("No such device or address", "No such file or directory", "No such device")
 _SYS_BLOCK = "/sys/block"
 _DELETED = " (deleted)"
+#: How often :func:`wait_released` looks at sysfs again.
+_RELEASE_POLL_S = 0.01
 
 
 def require_tool(name: str, package: str) -> str:
@@ -148,6 +152,26 @@ async def detach(device: str) -> None:
         if any(text in exc.stderr for text in _ALREADY_DETACHED):
             return
         raise
+
+
+async def wait_released(path: Path, timeout_s: float) -> list[LoopDevice]:
+    """Wait until no loop device is attached to the file ``path``; those left at the deadline.
+
+    Why: an unmount that returns has not always ended the file system. An ext4 under an
+    overlay is held by the overlay's private clone of its mount, and the kernel drops that
+    clone from a workqueue after the overlay's unmount has returned; until then the ext4 is
+    alive, not yet written back, its device open, so ``losetup -d`` only sets autoclear. A
+    second device attached to the image meanwhile mounts a second live copy of the same file
+    system, and each overwrites the other's metadata (ext4: "deleted inode referenced",
+    "Structure needs cleaning"). The device going away means the file system's last write
+    is done.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = loops_backed_by(path)
+        if not left or time.monotonic() >= deadline:
+            return left
+        await asyncio.sleep(_RELEASE_POLL_S)
 
 
 async def set_capacity(device: str) -> None:

@@ -20,7 +20,9 @@ Attached = loop device (``losetup --direct-io=on``) + ext4 mount at ``workspaces
 loop device is released right after the mount (autoclear), so unmounting frees it. The mount
 table and ``/sys/block/loop*`` are the truth for what is attached; :meth:`observe` reads both for
 crash recovery, and every clean-up step counts "already gone" as done. Callers serialize
-operations on one sandbox (the orchestrator's state machine does).
+operations on one sandbox (the orchestrator's state machine does), except that a
+publish of a paused sandbox may clone its disk meanwhile: every attach, detach, clone and
+resize takes the sandbox's lock.
 
 Space: the pool must never run out underneath a sandbox. Measured: when a sparse image cannot
 get blocks from a full pool, the guest's ext4 sees I/O errors, aborts its journal and goes
@@ -36,8 +38,10 @@ import asyncio
 import collections
 import contextlib
 import errno
+import logging
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +55,7 @@ from aenv.core.errors import (
     NotEnoughSpace,
     NotFound,
 )
+from aenv.core.keyed_locks import KeyedLocks
 from aenv.storage import loopdev, workspace_state
 from aenv.storage.files import fsync_dirs, listdir
 from aenv.storage.mounts import MOUNT_TIMEOUT_S, read_mountinfo, unmount
@@ -78,8 +83,16 @@ EXT4_MOUNT_OPTIONS = "noatime,discard"
 #: ``-b 4096``: mke2fs would choose 1 KiB blocks below 512 MiB. On a file, mke2fs zeroes by
 #: discard (hole punch), so inode tables are marked zeroed and no lazyinit thread writes later.
 _MKFS_EXT4_ARGS = ("-q", "-F", "-m", "0", "-b", "4096", "-L", "aenv-ws")
+#: An ext4 ends within milliseconds of its last unmount on a quiet host (the kernel finishes
+#: it from a workqueue: :func:`aenv.storage.loopdev.wait_released`); longer means something
+#: still holds it, and attaching the image again would mount it twice.
+RELEASE_TIMEOUT_S = 30.0
+_SLOW_RELEASE_S = 1.0
+_REMOVE_RELEASE_S = 2.0
 #: What fsfreeze says when thawing a filesystem that is not frozen: nothing to do.
 _NOT_FROZEN = "Invalid argument"
+
+log = logging.getLogger("aenv.storage.workspaces")
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,9 @@ class WorkspaceStore:
         #: Room kept free for the pool filesystem's own metadata (XFS log, extent maps).
         self.reserve_bytes = reserve_mb << 20
         self._admit = asyncio.Lock()
+        #: One attach, detach, clone or resize of a sandbox's workspace at a time: a publish
+        #: of a paused sandbox clones its disk while a kill or resume may detach or attach it.
+        self._ops = KeyedLocks()
         #: Bytes of clones admitted and not yet linked (the space check counts them).
         self._pending_bytes = 0
         self._blank_locks: collections.defaultdict[int, asyncio.Lock] = collections.defaultdict(
@@ -194,6 +210,10 @@ class WorkspaceStore:
         :class:`NotReflinkable` on a pool without reflinks; :class:`AlreadyExists` if ``dest``
         exists; :class:`NotEnoughSpace`. Nothing is left at ``dest``.
         """
+        async with self._ops.hold(src_id):
+            return await self._clone_detached(src_id, dest)
+
+    async def _clone_detached(self, src_id: str, dest: str | Path) -> Path:
         source = self.get(src_id).image
         if self.is_attached(src_id) or loopdev.loops_backed_by(source):
             raise FailedPrecondition(
@@ -213,16 +233,18 @@ class WorkspaceStore:
         cancellation). Only a crash of this process can leave it frozen: :meth:`attach` of an
         attached workspace thaws it.
         """
-        source = self.get(src_id).image
-        mount_point = self.mount_point(src_id)
-        if self._mounted_device(mount_point) is None:
-            return await self.clone(src_id, dest)
-        fsfreeze = loopdev.require_tool("fsfreeze", "util-linux")
-        try:
-            await proc.run([fsfreeze, "--freeze", str(mount_point)], timeout=FREEZE_TIMEOUT_S)
-            return await self._clone_to(source, dest)
-        finally:
-            await asyncio.shield(self._thaw(mount_point))
+        async with self._ops.hold(src_id):
+            source = self.get(src_id).image
+            mount_point = self.mount_point(src_id)
+            if self._mounted_device(mount_point) is None:
+                return await self._clone_detached(src_id, dest)
+            fsfreeze = loopdev.require_tool("fsfreeze", "util-linux")
+            try:
+                await proc.run([fsfreeze, "--freeze", str(mount_point)],
+                               timeout=FREEZE_TIMEOUT_S)
+                return await self._clone_to(source, dest)
+            finally:
+                await asyncio.shield(self._thaw(mount_point))
 
     async def grow(self, sandbox_id: str, size_mb: int) -> Workspace:
         """Make ``sandbox_id``'s disk ``size_mb`` MiB.
@@ -237,40 +259,41 @@ class WorkspaceStore:
         retry); ``CommandError`` from e2fsck/resize2fs. A crash after the file grew and before
         resize2fs leaves a bigger file over the old filesystem: calling grow again finishes it.
         """
-        ws = self.get(sandbox_id)
-        if not ws.size_mb <= size_mb <= MAX_SIZE_MB:
-            raise InvalidArgument(
-                f"cannot resize {sandbox_id}'s {ws.size_mb} MiB disk to {size_mb}"
-            )
-        resize2fs = loopdev.require_tool("resize2fs", "e2fsprogs")
-        device = self._mounted_device(self.mount_point(sandbox_id))
-        if device is not None and not _has_cap_sys_resource():
-            raise FailedPrecondition(
-                f"online resize of {sandbox_id}'s disk needs CAP_SYS_RESOURCE, which this "
-                "process lacks: detach it and grow it offline"
-            )
-        async with self._admit:
-            self._check_space((size_mb - ws.size_mb) << 20)
-            os.truncate(ws.image, size_mb << 20)
-        if device is not None:
-            await loopdev.set_capacity(device)
-            try:
-                await proc.run([resize2fs, device], timeout=MKFS_TIMEOUT_S)
-            except CommandError as exc:
-                if "Permission denied" in exc.stderr:
-                    raise FailedPrecondition(
-                        f"online resize of {sandbox_id}'s disk needs CAP_SYS_RESOURCE: "
-                        "detach it and grow it offline"
-                    ) from exc
-                raise
-        else:
-            e2fsck = loopdev.require_tool("e2fsck", "e2fsprogs")
-            # resize2fs refuses a filesystem not checked since its last mount; -p fixes only
-            # what is safe without asking and fails (rc >= 4) on anything worse.
-            await proc.run([e2fsck, "-f", "-p", str(ws.image)], timeout=MKFS_TIMEOUT_S)
-            await proc.run([resize2fs, str(ws.image)], timeout=MKFS_TIMEOUT_S)
-            await asyncio.to_thread(_fsync_file, ws.image)
-        return self.get(sandbox_id)
+        async with self._ops.hold(sandbox_id):
+            ws = self.get(sandbox_id)
+            if not ws.size_mb <= size_mb <= MAX_SIZE_MB:
+                raise InvalidArgument(
+                    f"cannot resize {sandbox_id}'s {ws.size_mb} MiB disk to {size_mb}"
+                )
+            resize2fs = loopdev.require_tool("resize2fs", "e2fsprogs")
+            device = self._mounted_device(self.mount_point(sandbox_id))
+            if device is not None and not _has_cap_sys_resource():
+                raise FailedPrecondition(
+                    f"online resize of {sandbox_id}'s disk needs CAP_SYS_RESOURCE, which this "
+                    "process lacks: detach it and grow it offline"
+                )
+            async with self._admit:
+                self._check_space((size_mb - ws.size_mb) << 20)
+                os.truncate(ws.image, size_mb << 20)
+            if device is not None:
+                await loopdev.set_capacity(device)
+                try:
+                    await proc.run([resize2fs, device], timeout=MKFS_TIMEOUT_S)
+                except CommandError as exc:
+                    if "Permission denied" in exc.stderr:
+                        raise FailedPrecondition(
+                            f"online resize of {sandbox_id}'s disk needs CAP_SYS_RESOURCE: "
+                            "detach it and grow it offline"
+                        ) from exc
+                    raise
+            else:
+                e2fsck = loopdev.require_tool("e2fsck", "e2fsprogs")
+                # resize2fs refuses a filesystem not checked since its last mount; -p fixes only
+                # what is safe without asking and fails (rc >= 4) on anything worse.
+                await proc.run([e2fsck, "-f", "-p", str(ws.image)], timeout=MKFS_TIMEOUT_S)
+                await proc.run([resize2fs, str(ws.image)], timeout=MKFS_TIMEOUT_S)
+                await asyncio.to_thread(_fsync_file, ws.image)
+            return self.get(sandbox_id)
 
     # -- attaching ----------------------------------------------------------------------------
 
@@ -285,42 +308,51 @@ class WorkspaceStore:
         the image is mounted elsewhere; ``CommandError`` if mount fails (the message is
         mount's, e.g. a damaged filesystem). The loop device is detached again on failure.
         """
-        image = self.get(sandbox_id).image
-        mount_point = self.mount_point(sandbox_id)
-        device = self._mounted_device(mount_point)
-        if device is not None:
-            if device not in {loop.device for loop in loopdev.loops_backed_by(image)}:
-                raise Conflict(f"{mount_point} has {device} mounted, not the workspace {image}")
-            await self._thaw(mount_point)
+        async with self._ops.hold(sandbox_id):
+            image = self.get(sandbox_id).image
+            mount_point = self.mount_point(sandbox_id)
+            device = self._mounted_device(mount_point)
+            if device is not None:
+                if device not in {loop.device for loop in loopdev.loops_backed_by(image)}:
+                    raise Conflict(f"{mount_point} has {device} mounted, not the workspace {image}")
+                await self._thaw(mount_point)
+                self._make_dirs(mount_point)
+                return mount_point
+            sources = {m.source for m in read_mountinfo()}
+            for loop in loopdev.loops_backed_by(image):
+                if loop.device in sources:
+                    raise Conflict(f"workspace {image} is mounted elsewhere ({loop.device})")
+                await loopdev.detach(loop.device)
+            await self._wait_released(sandbox_id, image)
+            mount_point.mkdir(parents=True, exist_ok=True)
+            device = await loopdev.attach(image, direct_io=True)
+            try:
+                await proc.run(
+                    ["mount", "-t", "ext4", "-o", EXT4_MOUNT_OPTIONS, device, str(mount_point)],
+                    timeout=MOUNT_TIMEOUT_S,
+                )
+            except BaseException:
+                await asyncio.shield(loopdev.detach(device))
+                raise
+            await loopdev.release(device)
             self._make_dirs(mount_point)
             return mount_point
-        sources = {m.source for m in read_mountinfo()}
-        for loop in loopdev.loops_backed_by(image):
-            if loop.device in sources:
-                raise Conflict(f"workspace {image} is mounted elsewhere ({loop.device})")
-            await loopdev.detach(loop.device)
-        mount_point.mkdir(parents=True, exist_ok=True)
-        device = await loopdev.attach(image, direct_io=True)
-        try:
-            await proc.run(
-                ["mount", "-t", "ext4", "-o", EXT4_MOUNT_OPTIONS, device, str(mount_point)],
-                timeout=MOUNT_TIMEOUT_S,
-            )
-        except BaseException:
-            await asyncio.shield(loopdev.detach(device))
-            raise
-        await loopdev.release(device)
-        self._make_dirs(mount_point)
-        return mount_point
 
-    async def detach(self, sandbox_id: str) -> None:
+    async def detach(self, sandbox_id: str, *, settle: bool = True) -> None:
         """Unmount the workspace and free its loop device (idempotent: not attached = done).
 
         Prerequisites: nothing uses the mount any more (the sandbox's overlay is unmounted).
-        On success: not mounted, no loop device on the image, mount point directory removed.
-        The data is durable (unmount writes everything back).
-        On failure: :class:`Conflict` if the mount is busy; ``CommandError`` otherwise.
+        On success: not mounted, mount point directory removed; with ``settle`` also no loop
+        device on the image, which means the file system has ended and its data is on the
+        image. Without it (the image is deleted next) the device may linger a moment.
+        On failure: :class:`Conflict` if the mount is busy, or the file system has not ended
+        within ``RELEASE_TIMEOUT_S`` (the image is then not attached again until it has);
+        ``CommandError`` otherwise.
         """
+        async with self._ops.hold(sandbox_id):
+            await self._detach(sandbox_id, settle=settle)
+
+    async def _detach(self, sandbox_id: str, *, settle: bool) -> None:
         image = self.image_path(sandbox_id)
         mount_point = self.mount_point(sandbox_id)
         if self._mounted_device(mount_point) is not None:
@@ -329,6 +361,8 @@ class WorkspaceStore:
             await unmount(str(mount_point), lazy=False, what=f"workspace of {sandbox_id}")
         for loop in loopdev.loops_backed_by(image):
             await loopdev.detach(loop.device)
+        if settle:
+            await self._wait_released(sandbox_id, image)
         with contextlib.suppress(FileNotFoundError):
             mount_point.rmdir()
 
@@ -339,10 +373,17 @@ class WorkspaceStore:
         fork children) are independent files and keep their data.
         On failure: as :meth:`detach`; the image stays if detaching failed.
         """
-        await self.detach(sandbox_id)
-        with contextlib.suppress(FileNotFoundError):
-            self.image_path(sandbox_id).unlink()
-            fsync_dirs(self.pool.path)
+        image = self.image_path(sandbox_id)
+        async with self._ops.hold(sandbox_id):
+            await self._detach(sandbox_id, settle=False)
+            with contextlib.suppress(FileNotFoundError):
+                image.unlink()
+                fsync_dirs(self.pool.path)
+        # Nothing can attach a deleted image, so a file system that lives on is harmless here:
+        # waited for only so that a kill leaves no device behind, and never failed for.
+        if left := await loopdev.wait_released(image, _REMOVE_RELEASE_S):
+            log.warning("the deleted workspace of %s is still held by the kernel (%s)",
+                        sandbox_id, ", ".join(loop.device for loop in left))
 
     async def clean_staging(self) -> None:
         """Remove what crashed creates and clones left in ``.staging`` and free loop devices on
@@ -356,6 +397,18 @@ class WorkspaceStore:
                 (self.pool.path / _STAGING / name).unlink()
 
     # -- inside -------------------------------------------------------------------------------
+
+    async def _wait_released(self, sandbox_id: str, image: Path) -> None:
+        started = time.monotonic()
+        left = await loopdev.wait_released(image, RELEASE_TIMEOUT_S)
+        waited = time.monotonic() - started
+        if left:
+            raise Conflict(
+                f"the workspace of sandbox {sandbox_id} is still in use by the kernel "
+                f"{waited:.0f} s after its unmount ({', '.join(loop.device for loop in left)}); "
+                "it is attached again only once that has ended: retry later")
+        if waited > _SLOW_RELEASE_S:
+            log.warning("the workspace of %s ended %.2f s after its unmount", sandbox_id, waited)
 
     def _mounted_device(self, mount_point: Path) -> str | None:
         device = None
