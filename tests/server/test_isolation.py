@@ -107,9 +107,11 @@ def test_fork_bomb_and_memory_hog_leave_neighbours_working(
     pair: tuple[Sandbox, Sandbox],
 ) -> None:
     a, b = pair
-    a.commands.run("bomb() { bomb | bomb & }; bomb", background=True, timeout=30)
+    # One command starts both: the bomb alone may take A down (out of memory, the sandbox
+    # ends: designed) before a second command reaches it.
     a.commands.run(
-        "python3 -c 'x = []\nwhile True: x.append(bytearray(50_000_000))'",
+        "python3 -c 'x = []\nwhile True: x.append(bytearray(50_000_000))' & "
+        "bomb() { bomb | bomb & }; bomb",
         background=True, timeout=30,
     )
     for _ in range(5):
