@@ -30,20 +30,24 @@ class RedisServer:
     root: Path
     append_only: bool = False
     process: subprocess.Popen[bytes] | None = None
+    #: The address it listens on (another than loopback for nodes in network namespaces).
+    host: str = "127.0.0.1"
+    #: More redis-server options (``--replicaof HOST PORT``, say).
+    extra_args: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     def start(self) -> None:
         assert REDIS_BIN is not None, "redis-server is not installed (make deps installs it)"
         log = open(self.root / "redis.log", "ab")  # noqa: SIM115 (the child holds it)
         with log:
             self.process = subprocess.Popen(
-                [REDIS_BIN, "--bind", "127.0.0.1", "--port", str(self.port),
+                [REDIS_BIN, "--bind", self.host, "--port", str(self.port),
                  "--dir", str(self.root), "--save", "",
                  "--appendonly", "yes" if self.append_only else "no",
-                 "--protected-mode", "no", "--daemonize", "no"],
+                 "--protected-mode", "no", "--daemonize", "no", *self.extra_args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._pong():
@@ -58,7 +62,7 @@ class RedisServer:
 
     def _pong(self) -> bool:
         with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=1) as conn:
+                (self.host, self.port), timeout=1) as conn:
             conn.sendall(b"PING\r\n")
             return conn.recv(16).startswith(b"+PONG")
         return False
@@ -81,9 +85,9 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def run_redis(append_only: bool = False) -> Iterator[RedisServer]:
+def run_redis(append_only: bool = False, host: str = "127.0.0.1") -> Iterator[RedisServer]:
     with tempfile.TemporaryDirectory(prefix="aenv-redis-") as root:
-        server = RedisServer(free_port(), Path(root), append_only=append_only)
+        server = RedisServer(free_port(), Path(root), append_only=append_only, host=host)
         server.start()
         try:
             yield server

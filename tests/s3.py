@@ -51,10 +51,12 @@ class S3Server:
     bucket: str = BUCKET
     process: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
+    #: The address it listens on (another than loopback for nodes in network namespaces).
+    host: str = "127.0.0.1"
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -89,7 +91,7 @@ class S3Server:
         assert self.process is None or self.process.poll() is not None, "already running"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed by stop)
         self.process = subprocess.Popen(
-            [str(MOTO_BIN), "-H", "127.0.0.1", "-p", str(self.port)],
+            [str(MOTO_BIN), "-H", self.host, "-p", str(self.port)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -136,7 +138,7 @@ class S3Server:
         self.start()
 
     def _request(self, method: str, path: str) -> int:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
         try:
             conn.request(method, path)
             response = conn.getresponse()
@@ -147,12 +149,12 @@ class S3Server:
 
 
 @contextlib.contextmanager
-def run_s3_server() -> Iterator[S3Server]:
+def run_s3_server(host: str = "127.0.0.1") -> Iterator[S3Server]:
     """A running moto server with :data:`BUCKET` created, stopped at the end."""
     if not MOTO_BIN.exists():
         pytest.skip(f"needs {MOTO_BIN} (moto[server], in the dev extras)")
     with tempfile.TemporaryDirectory(prefix="aenv-moto-") as root:
-        server = S3Server(port=free_port(), root=Path(root))
+        server = S3Server(port=free_port(), root=Path(root), host=host)
         server.start()
         try:
             yield server

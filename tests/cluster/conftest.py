@@ -10,8 +10,9 @@ from aenv.cluster.keys import Keys
 from tests.redis_server import RedisServer, run_redis
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def redis_server() -> Iterator[RedisServer]:
+    """One per test module: a module's nodes (or its wipe of Redis) never reach another's."""
     with run_redis() as server:
         yield server
 

@@ -11,6 +11,7 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import NotFoundException, RateLimitException
 
+from aenv.cluster.cache import BINDING_TTL_S
 from aenv.cluster.keys import Keys
 from tests.cluster.services import Service, service
 from tests.redis_server import RedisServer
@@ -117,6 +118,9 @@ def test_redis_wiped_the_cluster_rebuilds_and_keeps_serving(
             time.sleep(0.1)
         assert node_of(redis_server, sbx.sandbox_id) is None
         assert sbx.commands.run("echo still", timeout=30).stdout == "still\n"
+        # Once the gateway's cached binding is due, the next call finds it in the roster.
+        time.sleep(BINDING_TTL_S)
+        assert sbx.commands.run("echo again", timeout=30).stdout == "again\n"
         assert node_of(redis_server, sbx.sandbox_id) is not None
         again = Sandbox.create(timeout=120)
         again.kill()

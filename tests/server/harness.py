@@ -39,10 +39,12 @@ class NodeServer:
     process: subprocess.Popen[bytes]
     log_path: Path
     env: dict[str, str]
+    #: The address it listens on: loopback, or its own in a network namespace of its own.
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -77,7 +79,7 @@ def wait_healthy(server: NodeServer, timeout: float = 600.0) -> None:
         if server.process.poll() is not None:
             raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=2)
+            conn = http.client.HTTPConnection(server.host, server.port, timeout=2)
             conn.request("GET", "/health")
             if conn.getresponse().status == 200:
                 return
@@ -148,8 +150,13 @@ def _copy_images(src: Path, dst: Path, *, only_new: bool) -> None:
         _link_or_copy(manifest, target)
 
 
-def start_server(port: int, home: Path | None = None, **settings: str) -> NodeServer:
-    """Start a server; restarting on an existing ``home`` must pass the same slot range."""
+def start_server(port: int, home: Path | None = None, *, netns: str | None = None,
+                 host: str = "127.0.0.1", **settings: str) -> NodeServer:
+    """Start a server; restarting on an existing ``home`` must pass the same slot range.
+
+    ``netns``: run it in that named network namespace (only the network: it shares the
+    host's mounts, so its sandboxes' mounts are where the tests look), listening on ``host``.
+    """
     fresh = home is None
     home = home or Path(tempfile.mkdtemp(prefix="aenv-home-"))
     # A node with a repository of its own (S3) makes its template image there.
@@ -167,7 +174,7 @@ def start_server(port: int, home: Path | None = None, **settings: str) -> NodeSe
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))},
         "AENV_HOME": str(home),
-        "AENV_LISTEN": f"127.0.0.1:{port}",
+        "AENV_LISTEN": f"{host}:{port}",
         "AENV_API_KEY": API_KEY,
         "AENV_LAYERS_DIR": str(CACHE / "layers"),
         "AENV_ENVD_BUNDLE": str(BUNDLE),
@@ -176,11 +183,12 @@ def start_server(port: int, home: Path | None = None, **settings: str) -> NodeSe
     }
     log_path = home / "server.log"
     with open(log_path, "ab") as log:
+        enter = ["nsenter", f"--net=/run/netns/{netns}", "--"] if netns else []
         process = subprocess.Popen(
-            [sys.executable, "-m", "aenv.server"], env=env, stdin=subprocess.DEVNULL,
+            [*enter, sys.executable, "-m", "aenv.server"], env=env, stdin=subprocess.DEVNULL,
             stdout=log, stderr=log, start_new_session=True, cwd=REPO,
         )
-    server = NodeServer(port, home, process, log_path, env)
+    server = NodeServer(port, home, process, log_path, env, host)
     wait_healthy(server)
     if seeded:
         _copy_images(home / "repository", SEED, only_new=True)

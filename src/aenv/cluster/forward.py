@@ -7,12 +7,16 @@ decompression). Hop-by-hop headers are dropped both ways (RFC 9110 §7.6.1).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Send
+
+log = logging.getLogger("aenv.cluster.forward")
 
 #: Connecting to a node: a node that does not accept within this is unreachable.
 CONNECT_TIMEOUT_S = 5.0
@@ -37,17 +41,45 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
             yield chunk
 
 
-async def forward(http: httpx.AsyncClient, request: Request, base_url: str,
-                  body: bytes | None = None) -> Response:
-    """``request`` sent to ``base_url`` (same path and query); raises ``httpx.TransportError``
-    if the node cannot be reached (nothing was answered yet)."""
+async def send(http: httpx.AsyncClient, request: Request, base_url: str,
+               body: bytes | None = None) -> httpx.Response:
+    """``request`` sent to ``base_url`` (same path and query), its answer not yet read (pass
+    it to :func:`relay`, or ``aclose`` it); raises ``httpx.TransportError`` if the node cannot
+    be reached (nothing was answered yet)."""
     url = base_url.rstrip("/") + request.url.path
     if request.url.query:
         url += "?" + request.url.query
     upstream = http.build_request(
         request.method, url, headers=request_headers(request),
         content=body if body is not None else _body(request))
-    answer = await http.send(upstream, stream=True)
+    return await http.send(upstream, stream=True)
+
+
+class _Relayed(StreamingResponse):
+    """A node's answer streamed back. If the node drops the connection mid-body (a command
+    stream of a sandbox that was killed), the client's answer ends the same way, unfinished:
+    finishing it would hand the client a truncated body as if it were whole."""
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.TransportError as exc:
+            log.info("a node ended an answer mid-body: %s", type(exc).__name__)
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def relay(answer: httpx.Response) -> Response:
+    """The node's answer, streamed back as it comes."""
     headers = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP}
-    return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code,
-                             headers=headers, background=BackgroundTask(answer.aclose))
+    return _Relayed(answer.aiter_raw(), status_code=answer.status_code, headers=headers,
+                    background=BackgroundTask(answer.aclose))
+
+
+async def forward(http: httpx.AsyncClient, request: Request, base_url: str,
+                  body: bytes | None = None) -> Response:
+    """:func:`send`, then :func:`relay`."""
+    return relay(await send(http, request, base_url, body))

@@ -48,9 +48,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.listing import encode_cursor
-from aenv.cluster import bindings, fork_spread, forward, registry
+from aenv.cluster import bindings, fork_spread, forward
+from aenv.cluster.cache import Binding, ClusterCache
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
+from aenv.proxy import errors as proxy_errors
 from aenv.proxy.routing import Target, route
 
 #: Placements tried for one create before the gateway gives up with the node's 429.
@@ -76,6 +78,7 @@ class Gateway:
         self.scheduler_url = scheduler_url.rstrip("/")
         self.api_key = api_key
         self.http = forward.client()
+        self.cache = ClusterCache(redis, self.keys)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -95,7 +98,7 @@ class Gateway:
         if isinstance(target, str):
             return _error(400, target)
         if isinstance(target, Target):
-            return await self._to_sandbox(request, target.sandbox_id)
+            return await self._to_sandbox(request, target.sandbox_id, proxied=True)
         path = request.url.path
         if path == "/health":
             return JSONResponse({"status": "ok"})
@@ -113,6 +116,7 @@ class Gateway:
             answer = await self._to_sandbox(request, match.group(1))
             if request.method == "DELETE" and answer.status_code in (204, 404):
                 await bindings.unbind(self.redis, self.keys, match.group(1))
+                self.cache.forget(match.group(1))
             return answer
         return await self._to_any(request)
 
@@ -125,16 +129,46 @@ class Gateway:
     # -- routing ----------------------------------------------------------------------------
 
     async def _nodes(self) -> tuple[list[NodeInfo], int]:
-        return await registry.nodes(self.redis, self.keys)
+        return await self.cache.nodes()
 
-    async def _to_sandbox(self, request: Request, sandbox_id: str) -> Response:
-        bound = await bindings.lookup(self.redis, self.keys, sandbox_id)
+    async def _bind(self, sandbox_id: str, node_id: str, token: int) -> bool:
+        won = await bindings.bind(self.redis, self.keys, sandbox_id, node_id, token)
+        if won:
+            self.cache.remember(sandbox_id, node_id, token)
+        else:
+            self.cache.forget(sandbox_id)
+        return won
+
+    async def _to_sandbox(self, request: Request, sandbox_id: str, *,
+                          proxied: bool = False) -> Response:
+        """``proxied``: traffic to the sandbox itself (envd, a port), which answers an unknown
+        sandbox as a node's proxy does (502 "not found": ``is_running()`` reads it so)."""
+        bound, cached = await self.cache.binding(sandbox_id)
+        gone = 502 if proxied else 404
         if bound is None:
+            if proxied:
+                return proxy_errors.sandbox_not_found(sandbox_id)
             return _error(404, f"sandbox {sandbox_id} not found")
+        resume = request.method == "POST" and _RESUME.match(request.url.path) is not None
+        body = await request.body() if resume else None
+        answer = await self._to_bound(request, sandbox_id, bound, body)
+        # A 404 by a cached binding: another gateway may have moved the sandbox since. Only
+        # a request whose body is not consumed yet can go again.
+        if (cached and isinstance(answer, httpx.Response) and answer.status_code == gone
+                and (body is not None or request.method in ("GET", "HEAD", "DELETE"))):
+            moved = await self.cache.moved(sandbox_id, bound)
+            if moved is not None:
+                await answer.aclose()
+                answer = await self._to_bound(request, sandbox_id, moved, body)
+        return forward.relay(answer) if isinstance(answer, httpx.Response) else answer
+
+    async def _to_bound(self, request: Request, sandbox_id: str, bound: Binding,
+                        body: bytes | None) -> Response | httpx.Response:
+        """The node's answer (unread), or the gateway's own error."""
         nodes, now = await self._nodes()
         node = next((n for n in nodes if n.node_id == bound[0]), None)
         health = node.health(now) if node is not None else Health.LOST
-        resume = request.method == "POST" and _RESUME.match(request.url.path) is not None
+        resume = body is not None
         if node is None or health is Health.LOST or (resume and health is Health.DRAINING):
             if resume:
                 return await self._resume_elsewhere(request, sandbox_id, bound)
@@ -143,9 +177,8 @@ class Gateway:
             # A hung node accepts connections and answers nothing: no call may wait on it.
             return _error(503, f"sandbox {sandbox_id} is on node {node.node_id}, which has not "
                                "sent a heartbeat for a while; try again", {"Retry-After": "2"})
-        body = await request.body() if resume else None
         try:
-            return await forward.forward(self.http, request, node.address, body=body)
+            return await forward.send(self.http, request, node.address, body=body)
         except httpx.ConnectError:
             # Nothing listens there (the node died): a paused sandbox it published to the
             # shared repository can resume on another node.
@@ -159,7 +192,7 @@ class Gateway:
 
     async def _fork(self, request: Request, parent_id: str) -> Response:
         """The parent's node forks what fits; the rest go to other nodes (``fork_spread``)."""
-        bound = await bindings.lookup(self.redis, self.keys, parent_id)
+        bound, _ = await self.cache.binding(parent_id)
         nodes, now = await self._nodes()
         node = next((n for n in nodes if bound and n.node_id == bound[0]), None)
         if bound is None or node is None or node.health(now) is not Health.READY:
@@ -190,13 +223,13 @@ class Gateway:
         for entry in entries:
             child = entry.get("sandbox") or {}
             if child.get("sandboxID"):
-                await bindings.bind(self.redis, self.keys, child["sandboxID"], node.node_id, 1)
+                await self._bind(child["sandboxID"], node.node_id, 1)
         entries, made = await fork_spread.spread(
             send, self.scheduler_url, self.http, parent_id=parent_id,
             parent_node=(node.node_id, node.address), entries=entries,
             timeout=timeout if isinstance(timeout, int) else None)
         for child_id, child_node in made:
-            await bindings.bind(self.redis, self.keys, child_id, child_node, 1)
+            await self._bind(child_id, child_node, 1)
         return JSONResponse(entries, status_code=201)
 
     async def _resume_elsewhere(self, request: Request, sandbox_id: str,
@@ -222,8 +255,7 @@ class Gateway:
                                f"{placement['nodeID']} cannot be reached: {type(exc).__name__}")
         ok = sent.status_code in (200, 201)
         await self._settle(placement["reservationID"], commit=ok)
-        if ok and not await bindings.bind(self.redis, self.keys, sandbox_id,
-                                          placement["nodeID"], bound[1] + 1):
+        if ok and not await self._bind(sandbox_id, placement["nodeID"], bound[1] + 1):
             log.warning("sandbox %s was moved by another gateway at the same time", sandbox_id)
         return Response(sent.content, status_code=sent.status_code, headers={
             k: v for k, v in sent.headers.items() if k.lower() in ("content-type",)})
@@ -276,8 +308,7 @@ class Gateway:
                 await self._settle(reservation, commit=True)
                 sandbox_id = str(sent.json().get("sandboxID", ""))
                 if sandbox_id:
-                    await bindings.bind(self.redis, self.keys, sandbox_id,
-                                        placement["nodeID"], 1)
+                    await self._bind(sandbox_id, placement["nodeID"], 1)
                 return answer
             await self._settle(reservation, commit=False)
             if sent.status_code != 429:
@@ -304,6 +335,7 @@ class Gateway:
         reachable = [n for n in nodes if n.health(now) is not Health.LOST]
         items: list[dict[str, object]] = []
         total = 0
+        more = False  # a node has items past its page
         for node in reachable:
             try:
                 answer = await self.http.get(node.address + request.url.path,
@@ -316,11 +348,14 @@ class Gateway:
                                 media_type="application/json")
             items += answer.json()
             total += int(answer.headers.get("x-total-running", "0"))
+            more = more or bool(answer.headers.get("x-next-token"))
         ascending = request.query_params.get("order") == "asc"
         items.sort(key=_order, reverse=not ascending)
         limit = request.query_params.get("limit")
         headers = {"X-Total-Running": str(total)}
-        if limit and limit.isdigit() and len(items) > int(limit):
+        # The page is the first ``limit`` of the union (no node gave fewer than that unless it
+        # had no more), so its last item is where every node goes on from.
+        if limit and limit.isdigit() and items and (len(items) > int(limit) or more):
             items = items[: int(limit)]
             headers["X-Next-Token"] = encode_cursor(*_order(items[-1]))
         return JSONResponse(items, headers=headers)

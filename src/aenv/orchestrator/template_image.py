@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from aenv.core.errors import AlreadyExists
 from aenv.core.ids import new_sandbox_id
 from aenv.orchestrator import disk_mode, restore_match
 from aenv.orchestrator.context import Node
@@ -70,7 +71,7 @@ async def with_memory_image(node: Node, template: Template) -> Template:
                 default_user=template.default_user,
                 default_workdir=template.default_workdir,
             )
-            snapshot = await capture(node, booted, draft, template.layers)
+            snapshot = await _capture_or_take(node, booted, draft, template.layers)
         finally:
             await asyncio.shield(discard(node, booted))
         log.info("memory image of template %s made in %.0f ms (%.1f MB)",
@@ -83,6 +84,21 @@ async def with_memory_image(node: Node, template: Template) -> Template:
     # A restored kernel keeps the CPUs and memory it was saved with.
     return replace(template, image=local.image, envd_bundle=local.envd_bundle,
                    cpu_count=m.cpu_count, memory_mb=m.memory_mb, disk_image=local.disk)
+
+
+async def _capture_or_take(node: Node, booted: Booted, draft: SnapshotDraft,
+                           layers: Sequence[Path]) -> Snapshot:
+    """:func:`capture`, or the image another node committed under the same id meanwhile
+    (nodes of a cluster starting at once on one shared repository all make it; one wins)."""
+    try:
+        return await capture(node, booted, draft, layers)
+    except AlreadyExists:
+        made = await node.repository.lookup(draft.snapshot_id)
+        if made is None:
+            raise
+        log.info("memory image %s was made by another node meanwhile: using it",
+                 draft.snapshot_id)
+        return made
 
 
 async def warm_up(node: Node, booted: Booted, token: str | None = None) -> None:
