@@ -27,7 +27,8 @@ def _timed(client: httpx.Client, method: str, url: str, **kw: Any) -> float:
 
 def measure(layout: Layout, rounds: int) -> dict[str, Any]:
     gateway = layout.gateways[0]
-    sbx = Sandbox.create(timeout=600, api_url=gateway.url, sandbox_url=gateway.url)
+    sbx = Sandbox.create(timeout=600, api_url=gateway.url, sandbox_url=gateway.url,
+                         api_key=API_KEY, domain="aenv.test")
     try:
         node = layout.nodes[layout.index_of(node_of(layout.redis, sbx.sandbox_id))]
         sbx.files.write("/home/user/probe.txt", "x" * 64)
