@@ -189,7 +189,16 @@ def start_server(port: int, home: Path | None = None, *, netns: str | None = Non
             stdout=log, stderr=log, start_new_session=True, cwd=REPO,
         )
     server = NodeServer(port, home, process, log_path, env, host)
-    wait_healthy(server)
+    try:
+        wait_healthy(server)
+    except BaseException:
+        # A server that never came up leaves nothing behind (its pool may be mounted); its
+        # log is kept by cleanup_home.
+        server.kill9()
+        kill_leaked(home)
+        if fresh:
+            cleanup_home(home)
+        raise
     if seeded:
         _copy_images(home / "repository", SEED, only_new=True)
     return server
