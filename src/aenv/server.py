@@ -26,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from aenv.api.app import NodeApp, build_api
 from aenv.cluster.heartbeat import Heartbeat
+from aenv.cluster.peer_fetch import PeerBlobs
 from aenv.core import faults, ids, proc
 from aenv.core.errors import AenvError, FailedPrecondition
 from aenv.core.locks import HeldLock, lock_home, lock_slot_range
@@ -191,6 +192,16 @@ def join_cluster(node: Node, url: str) -> Heartbeat:
     return heartbeat
 
 
+def join_peers(settings: Settings, heartbeat: Heartbeat) -> PeerBlobs:
+    """Peer fetch of blobs from the cluster's other nodes (``peer_fetch``)."""
+    from aenv.cluster.redis_client import connect
+
+    assert settings.cluster is not None
+    log.info("peer fetch on: blobs come from other nodes before the repository")
+    return PeerBlobs(connect(settings.cluster), heartbeat.keys, heartbeat.node_id,
+                     api_key_for(settings))
+
+
 def _redacted(url: str) -> str:
     """``url`` without a password (``redis://:secret@host`` → ``redis://:***@host``)."""
     scheme, sep, rest = url.partition("://")
@@ -263,6 +274,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     await pool.start()
     tasks: list[asyncio.Task[None]] = []
     heartbeat: Heartbeat | None = None
+    peers: PeerBlobs | None = None
     try:
         plan = await recover(node)
         try:
@@ -300,10 +312,16 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         if settings.cluster:
             heartbeat = join_cluster(node, settings.cluster)
             heartbeat.start()
+            if settings.peer_fetch:
+                peers = join_peers(settings, heartbeat)
+                node.repository.cache.peers = peers
         yield node
     finally:
         if heartbeat is not None:
             await heartbeat.close()
+        if peers is not None:
+            node.repository.cache.peers = None
+            await peers.close()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -7,13 +7,22 @@ import pytest
 from redis.asyncio import Redis
 
 from aenv.cluster.keys import Keys
+from tests.cluster.layout import Namespace, namespaces
 from tests.redis_server import RedisServer, run_redis
 
 
 @pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
+def hub() -> Iterator[tuple[str, list[Namespace]]]:
+    """The host's hub address and three network namespaces for nodes of their own
+    (``layout.py``); a module's Redis and S3 server listen on the hub address."""
+    with namespaces(3) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def redis_server(hub: tuple[str, list[Namespace]]) -> Iterator[RedisServer]:
     """One per test module: a module's nodes (or its wipe of Redis) never reach another's."""
-    with run_redis() as server:
+    with run_redis(host=hub[0]) as server:
         yield server
 
 

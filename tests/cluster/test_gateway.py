@@ -1,6 +1,7 @@
-"""The E2B SDK pointed at a gateway in front of two real nodes, a real scheduler process and
-a real Redis: creates spread over the nodes, commands and files reach the right node, the
-list merges both nodes with correct pagination, kills unbind, unknown ids are E2B 404s."""
+"""The E2B SDK pointed at a gateway in front of two real nodes (each in a network namespace
+of its own, ``layout.py``), a real scheduler process and a real Redis: creates spread over
+the nodes, commands and files reach the right node, the list merges both nodes with correct
+pagination, kills unbind, unknown ids are E2B 404s."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from e2b.exceptions import NotFoundException, RateLimitException
 
 from aenv.cluster.cache import BINDING_TTL_S
 from aenv.cluster.keys import Keys
+from tests.cluster.layout import Namespace
 from tests.cluster.services import Service, service
 from tests.redis_server import RedisServer
 from tests.server.harness import API_KEY, NodeServer, serving
@@ -21,11 +23,14 @@ pytestmark = pytest.mark.gvisor
 
 
 @pytest.fixture(scope="module")
-def nodes(redis_server: RedisServer) -> Iterator[list[NodeServer]]:
+def nodes(redis_server: RedisServer, hub: tuple[str, list[Namespace]]
+          ) -> Iterator[list[NodeServer]]:
+    """Two nodes, each in a network namespace of its own with its own address."""
+    ns_a, ns_b = hub[1][:2]
     with serving(cluster=redis_server.url, node_id="gw-a", heartbeat_interval_s="0.5",
-                 max_sandboxes="2") as a, \
+                 max_sandboxes="2", netns=ns_a.name, host=ns_a.node_ip) as a, \
          serving(cluster=redis_server.url, node_id="gw-b", heartbeat_interval_s="0.5",
-                 max_sandboxes="2") as b:
+                 max_sandboxes="2", netns=ns_b.name, host=ns_b.node_ip) as b:
         yield [a, b]
 
 

@@ -1,6 +1,7 @@
-"""Sandboxes moving between nodes through a gateway, over a shared repository (a real S3
-server process): a paused sandbox of a dead node resumes on another, a fork from a full node
-places children elsewhere, a drain moves every sandbox off its node."""
+"""Sandboxes moving between nodes (each in a network namespace of its own, ``layout.py``)
+through a gateway, over a shared repository (a real S3 server process): a paused sandbox of
+a dead node resumes on another, a fork from a full node places children elsewhere, a drain
+moves every sandbox off its node."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from e2b import Sandbox
 
 from tests.cli_run import AENV
+from tests.cluster.layout import Namespace
 from tests.cluster.services import Service, service
 from tests.cluster.test_gateway import node_of
 from tests.conftest import free_port
@@ -53,19 +55,23 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, tag: str,
-            **a_settings: str) -> Iterator[Cluster]:
-    """The SDK is pointed at the gateway meanwhile; both nodes are stopped at the end."""
+def cluster(redis_server: RedisServer, hub: tuple[str, list[Namespace]],
+            monkeypatch: pytest.MonkeyPatch, tag: str, **a_settings: str) -> Iterator[Cluster]:
+    """Each node in a network namespace of its own; the SDK is pointed at the gateway
+    meanwhile; both nodes are stopped at the end."""
     nonce = secrets.token_hex(4)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AENV_", "E2B_"))}
-    with run_s3_server() as s3:
+    hub_ip, (ns_a, ns_b, _) = hub
+    with run_s3_server(host=hub_ip) as s3:
         settings = {**s3_settings(s3, f"{tag}-{nonce}"), "cluster": redis_server.url,
                     "heartbeat_interval_s": "0.5"}
-        a = start_server(free_port(), node_id=f"{tag}-a-{nonce}", **settings, **a_settings)
+        a = start_server(free_port(), netns=ns_a.name, host=ns_a.node_ip,
+                         node_id=f"{tag}-a-{nonce}", **settings, **a_settings)
         started: list[NodeServer] = []
 
         def start_b() -> NodeServer:
-            started.append(start_server(free_port(), node_id=f"{tag}-b-{nonce}", **settings))
+            started.append(start_server(free_port(), netns=ns_b.name, host=ns_b.node_ip,
+                                        node_id=f"{tag}-b-{nonce}", **settings))
             return started[-1]
 
         try:
@@ -86,8 +92,9 @@ def cluster(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, tag: str
 
 
 def test_a_paused_sandbox_of_a_dead_node_resumes_on_another(
-        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    with cluster(redis_server, monkeypatch, "mv") as c:
+        redis_server: RedisServer, hub: tuple[str, list[Namespace]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with cluster(redis_server, hub, monkeypatch, "mv") as c:
         sbx = Sandbox.create(timeout=300)  # A is the only node yet
         assert node_of(redis_server, sbx.sandbox_id) == c.name("mv-a")
         c.start_b()
@@ -110,10 +117,11 @@ def test_a_paused_sandbox_of_a_dead_node_resumes_on_another(
 
 
 def test_a_fork_from_a_full_node_places_children_on_another(
-        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        redis_server: RedisServer, hub: tuple[str, list[Namespace]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from aenv.client.sync import Client
 
-    with cluster(redis_server, monkeypatch, "fk", max_sandboxes="3") as c, \
+    with cluster(redis_server, hub, monkeypatch, "fk", max_sandboxes="3") as c, \
          Client(api_url=c.gateway.url, api_key=API_KEY, sandbox_url=c.gateway.url,
                 deadline_s=60) as client:
         parent = client.create("base", timeout=300)  # A is the only node yet
@@ -135,8 +143,9 @@ def test_a_fork_from_a_full_node_places_children_on_another(
 
 
 def test_drain_moves_every_sandbox_to_another_node(
-        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    with cluster(redis_server, monkeypatch, "dr") as c:
+        redis_server: RedisServer, hub: tuple[str, list[Namespace]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with cluster(redis_server, hub, monkeypatch, "dr") as c:
         moving = [Sandbox.create(timeout=300) for _ in range(2)]  # A is alone yet
         for sbx in moving:
             sbx.files.write("/home/user/kept.txt", sbx.sandbox_id)

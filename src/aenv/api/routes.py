@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
 from aenv.api import idempotency, listing
 from aenv.api.auth import require_api_key
@@ -325,6 +325,16 @@ async def sandbox_metrics(
             diskTotal=sample.stats.disk_total,
         )
     ]
+
+
+@router.api_route("/node/blobs/{digest}", methods=["GET", "HEAD"], response_model=None)
+async def node_blob(digest: str, node: NodeDep) -> Response:
+    """aenv's own, for peer fetch (``cluster/peer_fetch.py``): a repository blob from this
+    node's cache; 404 if it has none (the asking node then goes to the repository)."""
+    path = node.repository.cache.path(digest)  # InvalidArgument (400) for a bad digest
+    if not path.is_file():
+        raise NotFound(f"blob {digest} is not cached on this node")
+    return FileResponse(path, media_type="application/octet-stream")
 
 
 @router.post("/node/drain", response_model=DrainOut)

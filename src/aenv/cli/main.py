@@ -3,6 +3,11 @@ commands (``aenv ls``, ``aenv exec`` …), each group in a module of its own (do
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
+
 import typer
 
 from aenv.cli import cluster, copy, doctor, execute, info, sandboxes, shell
@@ -33,8 +38,28 @@ for group in (sandboxes, shell, execute, copy, info, doctor, cluster):
 
 
 def main() -> None:
-    """Entry point of the ``aenv`` console script."""
-    app()
+    """Entry point of the ``aenv`` console script.
+
+    The command's exit status is final once it returns: the process then ends without the
+    interpreter's finalization (``os._exit``), after flushing what it wrote. The e2b SDK's
+    HTTP transport runs a Rust runtime whose worker threads are never told to stop; one still
+    busy while the interpreter tears itself down panics with no Python frame to catch it,
+    and the process dies with SIGABRT after a command that succeeded (seen in CI: ``aenv
+    metrics``, ``aenv cp``, rc -6 with their whole output printed).
+    """
+    code: int | str | None = 0
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code
+    if isinstance(code, str):
+        sys.stderr.write(code + "\n")
+        code = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+from starlette.responses import Response
+
+from aenv.cluster.scheduler_client import SchedulerClient
 
 #: Sends (method, base URL, path, JSON body) with the caller's headers; the httpx answer.
 Send = Callable[[str, str, str, object], Awaitable[httpx.Response]]
 
 
-async def spread(send: Send, scheduler_url: str, http: httpx.AsyncClient, *,
+async def spread(send: Send, scheduler: SchedulerClient, *,
                  parent_id: str, parent_node: tuple[str, str], entries: list[dict[str, Any]],
                  timeout: int | None) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """``entries`` (the node's answer) with its 429 entries replaced by children on other
@@ -38,14 +41,13 @@ async def spread(send: Send, scheduler_url: str, http: httpx.AsyncClient, *,
     if snap.status_code != 201:
         return entries, []  # the node's own answer stands: its children, and its 429s
     snapshot_id = snap.json()["snapshotID"]
-    placed = await http.post(f"{scheduler_url}/v1/placements", json={
-        "templateID": snapshot_id, "snapshotID": snapshot_id, "count": len(full),
-        "spread": True, "exclude": [node_id]})
-    if placed.status_code != 201:
-        return entries, []
+    placed = await scheduler.place(templateID=snapshot_id, snapshotID=snapshot_id,
+                                   count=len(full), spread=True, exclude=[node_id])
+    if isinstance(placed, Response):
+        return entries, []  # the node's own answer stands: its children, and its 429s
     made: list[tuple[str, str]] = []
     slots = iter(full)
-    for placement in placed.json()["placements"]:
+    for placement in placed:
         for _ in range(placement["count"]):
             index = next(slots)
             body: dict[str, Any] = {"templateID": snapshot_id}
@@ -63,7 +65,7 @@ async def spread(send: Send, scheduler_url: str, http: httpx.AsyncClient, *,
                 made.append((str(child["sandboxID"]), placement["nodeID"]))
             else:
                 entries[index] = {"error": _error_of(created)}
-        await _settle(http, scheduler_url, placement["reservationID"])
+        await scheduler.settle(placement["reservationID"], commit=True)
     return entries, made
 
 
@@ -74,10 +76,3 @@ def _error_of(answer: httpx.Response) -> dict[str, Any]:
         body = {}
     return {"code": answer.status_code,
             "message": str(body.get("message") if isinstance(body, dict) else answer.text)}
-
-
-async def _settle(http: httpx.AsyncClient, scheduler_url: str, reservation: str) -> None:
-    try:
-        await http.post(f"{scheduler_url}/v1/reservations/{reservation}/commit")
-    except httpx.TransportError:
-        pass  # expires on its own

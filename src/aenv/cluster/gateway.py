@@ -52,6 +52,7 @@ from aenv.cluster import bindings, fork_spread, forward
 from aenv.cluster.cache import Binding, ClusterCache
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
+from aenv.cluster.scheduler_client import SchedulerClient
 from aenv.proxy import errors as proxy_errors
 from aenv.proxy.routing import Target, route
 
@@ -75,9 +76,9 @@ class Gateway:
                  keys: Keys | None = None) -> None:
         self.redis = redis
         self.keys = keys or Keys()
-        self.scheduler_url = scheduler_url.rstrip("/")
         self.api_key = api_key
         self.http = forward.client()
+        self.scheduler = SchedulerClient(self.http, scheduler_url)
         self.cache = ClusterCache(redis, self.keys)
 
     async def close(self) -> None:
@@ -225,7 +226,7 @@ class Gateway:
             if child.get("sandboxID"):
                 await self._bind(child["sandboxID"], node.node_id, 1)
         entries, made = await fork_spread.spread(
-            send, self.scheduler_url, self.http, parent_id=parent_id,
+            send, self.scheduler, parent_id=parent_id,
             parent_node=(node.node_id, node.address), entries=entries,
             timeout=timeout if isinstance(timeout, int) else None)
         for child_id, child_node in made:
@@ -238,23 +239,20 @@ class Gateway:
         old node excluded, the resume sent there (the node adopts the sandbox from the
         shared repository), then the binding moved with the next fencing token."""
         body = body if body is not None else await request.body()
-        placed = await self.http.post(f"{self.scheduler_url}/v1/placements", json={
-            "origin": bound[0], "exclude": [bound[0]]})
-        if placed.status_code != 201:
-            return Response(placed.content, status_code=placed.status_code,
-                            headers={k: v for k, v in placed.headers.items()
-                                     if k.lower() in ("content-type", "retry-after")})
-        [placement] = placed.json()["placements"]
+        placed = await self.scheduler.place(origin=bound[0], exclude=[bound[0]])
+        if isinstance(placed, Response):
+            return placed
+        [placement] = placed
         try:
             sent = await self.http.post(
                 placement["address"].rstrip("/") + request.url.path, params=request.url.query,
                 content=body, headers=forward.request_headers(request))
         except httpx.TransportError as exc:
-            await self._settle(placement["reservationID"], commit=False)
+            await self.scheduler.settle(placement["reservationID"], commit=False)
             return _error(503, f"sandbox {sandbox_id}'s node is gone and node "
                                f"{placement['nodeID']} cannot be reached: {type(exc).__name__}")
         ok = sent.status_code in (200, 201)
-        await self._settle(placement["reservationID"], commit=ok)
+        await self.scheduler.settle(placement["reservationID"], commit=ok)
         if ok and not await self._bind(sandbox_id, placement["nodeID"], bound[1] + 1):
             log.warning("sandbox %s was moved by another gateway at the same time", sandbox_id)
         return Response(sent.content, status_code=sent.status_code, headers={
@@ -284,13 +282,10 @@ class Gateway:
         exclude: list[str] = []
         answer: Response | None = None
         for _ in range(CREATE_ATTEMPTS):
-            placed = await self.http.post(f"{self.scheduler_url}/v1/placements", json={
-                "templateID": template, "exclude": exclude})
-            if placed.status_code != 201:
-                return Response(placed.content, status_code=placed.status_code,
-                                headers={k: v for k, v in placed.headers.items()
-                                         if k.lower() in ("content-type", "retry-after")})
-            [placement] = placed.json()["placements"]
+            placed = await self.scheduler.place(templateID=template, exclude=exclude)
+            if isinstance(placed, Response):
+                return placed
+            [placement] = placed
             reservation = placement["reservationID"]
             try:
                 sent = await self.http.post(
@@ -298,35 +293,25 @@ class Gateway:
                     params=request.url.query, content=body,
                     headers=forward.request_headers(request))
             except httpx.TransportError:
-                await self._settle(reservation, commit=False)
+                await self.scheduler.settle(reservation, commit=False)
                 exclude.append(placement["nodeID"])
                 continue
             answer = Response(sent.content, status_code=sent.status_code, headers={
                 k: v for k, v in sent.headers.items()
                 if k.lower() in ("content-type", "retry-after")})
             if sent.status_code == 201:
-                await self._settle(reservation, commit=True)
+                await self.scheduler.settle(reservation, commit=True)
                 sandbox_id = str(sent.json().get("sandboxID", ""))
                 if sandbox_id:
                     await self._bind(sandbox_id, placement["nodeID"], 1)
                 return answer
-            await self._settle(reservation, commit=False)
+            await self.scheduler.settle(reservation, commit=False)
             if sent.status_code != 429:
                 return answer
             exclude.append(placement["nodeID"])
         if answer is None:
             return _error(503, "no node of the cluster could be reached for the create")
         return answer
-
-    async def _settle(self, reservation: str, *, commit: bool) -> None:
-        url = f"{self.scheduler_url}/v1/reservations/{reservation}"
-        try:
-            if commit:
-                await self.http.post(url + "/commit")
-            else:
-                await self.http.delete(url)
-        except httpx.TransportError:
-            pass  # the reservation expires on its own (reserve.RESERVATION_TTL_MS)
 
     # -- list -------------------------------------------------------------------------------
 

@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     """Seconds between the node's heartbeats to the cluster; a scheduler takes a node that
     missed three for suspect (no placements), ten for lost."""
 
+    peer_fetch: bool = False
+    """Cluster mode: fetch a repository blob this node lacks (a layer, a memory image, a disk
+    chunk) from another ready node that has it before the shared repository (issue 13's
+    peer fetch; every blob is checked against its digest, and any failure falls back to the
+    repository). Off: blobs come from the repository only."""
+
     default_template: str = "base"
     """Template used when a create request names none."""
 

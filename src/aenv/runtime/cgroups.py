@@ -1,14 +1,18 @@
 """The host cgroups of sandboxes, read and removed by path (relative to the cgroup root).
 
 A sandbox's cgroup is ``<cgroup_parent>/<sandbox_id>`` in every hierarchy (v1 controllers or
-v2), made by runsc. Owns: nothing; reads counters, rmdirs empty cgroups. Must not touch: the
-processes in them, other cgroups.
+v2), made by runsc. Owns: nothing; reads counters, rmdirs empty cgroups, and kills what is
+left in a sandbox's cgroup when its runtime is destroyed (``kill_left``: runsc's delete knows
+only the processes its state file names, and a restore cut short by a shutdown has none
+yet). Must not touch: other cgroups.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 from pathlib import Path
 
 log = logging.getLogger("aenv.runtime")
@@ -66,3 +70,28 @@ def remove(relative: str) -> None:
                 path.rmdir()
             except OSError as exc:  # still has processes: nothing we may kill here
                 log.warning("cannot remove cgroup %s: %s", path, exc)
+
+
+def processes(relative: str) -> set[int]:
+    """Pids in cgroup ``relative``, in any hierarchy."""
+    found: set[int] = set()
+    for path in _everywhere(relative):
+        with contextlib.suppress(OSError, ValueError):
+            found.update(int(x) for x in (path / "cgroup.procs").read_text().split())
+    return found
+
+
+def kill_left(relative: str) -> set[int]:
+    """SIGKILL every process still in cgroup ``relative``, thawing it first (a frozen process
+    does not die until thawed); the pids signalled."""
+    left = processes(relative)
+    if not left:
+        return left
+    for path in _everywhere(relative):
+        for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+            with contextlib.suppress(OSError):
+                (path / name).write_text(value)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left

@@ -494,7 +494,9 @@ class GvisorRuntime:
         with map_runsc_errors(sid, "delete"):
             await self._delete(runtime_id, _read_pid(self.bundle_dir(sid) / "sandbox.pid"))
         # runsc creates the cgroups before it saves the container's state, so a run that
-        # fails in between leaves cgroups that ``delete`` does not know about.
+        # fails (or is cancelled) in between leaves cgroups that ``delete`` does not know
+        # about, with the processes it started in them.
+        await self._kill_left(runtime_id)
         cgroups.remove(self._cgroup(runtime_id))
         self._cpu_samples.pop(runtime_id, None)
         self._shapes.pop(runtime_id, None)
@@ -535,6 +537,17 @@ class GvisorRuntime:
                 log.warning("runtime processes %s of %s outlived its delete by %.0f s",
                             left, runtime_id, GOFER_EXIT_TIMEOUT_S)
                 return
+            await asyncio.sleep(REAP_POLL_S)
+
+    async def _kill_left(self, runtime_id: str) -> None:
+        killed = cgroups.kill_left(self._cgroup(runtime_id))
+        if not killed:
+            return
+        log.warning("killed %d processes of %s that its delete left: %s", len(killed),
+                    runtime_id, sorted(killed))
+        deadline = time.monotonic() + GOFER_EXIT_TIMEOUT_S
+        while (alive := [p for p in killed if _pid_alive(p)]) and time.monotonic() < deadline:
+            reaper.reap_adopted(alive)
             await asyncio.sleep(REAP_POLL_S)
 
     def _gofer_pid(self, runtime_id: str) -> int | None:

@@ -25,9 +25,10 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from aenv.core.errors import DataLoss, InvalidArgument, NotFound
 from aenv.storage.files import fsync_dirs, listdir, rmtree
@@ -76,6 +77,13 @@ class BlobRef:
     size: int
 
 
+class BlobSource(Protocol):
+    """Somewhere a blob may be had before the repository (another node of a cluster)."""
+
+    async def open(self, digest: str) -> AsyncIterator[bytes] | None:
+        """The blob's bytes, or None if no one here has it. The stream may fail midway."""
+
+
 class BlobCache:
     """The node's local copies of repository blobs."""
 
@@ -88,6 +96,8 @@ class BlobCache:
         self.budget_bytes = budget_bytes
         self._fetching: dict[str, asyncio.Future[Path]] = {}
         self._pins: dict[str, int] = {}
+        #: Tried before a remote repository (``peer_fetch``); None: the repository only.
+        self.peers: BlobSource | None = None
 
     def start(self) -> list[str]:
         """Create the directories and remove what crashed fetches left; returns the removed."""
@@ -174,9 +184,13 @@ class BlobCache:
         temporary = self._partial / secrets.token_hex(8)
         try:
             local = store.local_path(blob_key(ref.digest))
+            from_peer = None
             if local is not None:
                 # A posix repository on this machine: link (or copy) the file, hash it here.
                 got, size = await asyncio.to_thread(_take_local, local, temporary)
+            elif self.peers is not None and (from_peer := await _from_peer(
+                    self.peers, ref, temporary)) is not None:
+                got, size = from_peer
             else:
                 got, size = await _stream_to(store, ref, temporary)
             if got != ref.digest or size != ref.size:
@@ -191,7 +205,8 @@ class BlobCache:
             with contextlib.suppress(OSError):
                 temporary.unlink()
             raise
-        log.info("fetched blob %s (%d bytes)", ref.digest, ref.size)
+        log.info("fetched blob %s (%d bytes) from %s", ref.digest, ref.size,
+                 "a peer" if from_peer else store.describe())
         return final
 
     # -- bounding -----------------------------------------------------------------------------
@@ -252,15 +267,36 @@ class BlobCache:
 
 
 async def _stream_to(store: ObjectStore, ref: BlobRef, temporary: Path) -> tuple[str, int]:
+    return await _write_hashed(store.stream(blob_key(ref.digest)), temporary)
+
+
+async def _write_hashed(chunks: AsyncIterator[bytes], temporary: Path) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
     with open(temporary, "wb") as out:
-        async for chunk in store.stream(blob_key(ref.digest)):
+        async for chunk in chunks:
             h.update(chunk)
             size += len(chunk)
             await asyncio.to_thread(out.write, chunk)
         await asyncio.to_thread(os.fsync, out.fileno())
     return "sha256:" + h.hexdigest(), size
+
+
+async def _from_peer(peers: BlobSource, ref: BlobRef, temporary: Path) -> tuple[str, int] | None:
+    """The blob from a peer into ``temporary`` if one has it whole and right, else None."""
+    try:
+        chunks = await peers.open(ref.digest)
+        if chunks is None:
+            return None
+        got, size = await _write_hashed(chunks, temporary)
+    except Exception as exc:  # a peer is an optimization: any failure means the repository
+        log.info("blob %s from a peer failed (%s); from the repository", ref.digest, exc)
+        return None
+    if (got, size) != (ref.digest, ref.size):
+        log.warning("blob %s from a peer was corrupt (%d bytes hashing to %s); from the "
+                    "repository", ref.digest, size, got)
+        return None
+    return got, size
 
 
 def _take_local(source: Path, temporary: Path) -> tuple[str, int]:
