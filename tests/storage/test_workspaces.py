@@ -28,6 +28,7 @@ from aenv.core.errors import (
     NotEnoughSpace,
 )
 from aenv.storage import loopdev
+from aenv.storage.ext4_resize import has_cap_sys_resource
 from aenv.storage.reflink_fs import NotReflinkable, ReflinkPool
 from aenv.storage.workspaces import WorkspaceStore
 from tests.storage.conftest import mounts_under
@@ -370,13 +371,6 @@ async def test_a_pool_without_reflinks_creates_but_refuses_clones(home: Path) ->
     await store.remove("plain")
 
 
-def _has_cap_sys_resource() -> bool:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) & (1 << 24))
-    return False
-
-
 async def test_grow_detached_and_attached(store: WorkspaceStore) -> None:
     await store.create("grow", 64)
     (await store.attach("grow") / "upper" / "keep").write_text("kept")
@@ -387,7 +381,7 @@ async def test_grow_detached_and_attached(store: WorkspaceStore) -> None:
     assert (mnt / "upper" / "keep").read_text() == "kept"
     done = await _dd(mnt / "upper" / "big", 100)  # past the old size
     assert done.returncode == 0, done.stderr
-    if _has_cap_sys_resource():
+    if has_cap_sys_resource():
         assert (await store.grow("grow", 200)).size_mb == 200
         assert os.statvfs(mnt).f_blocks * os.statvfs(mnt).f_frsize > 180 << 20
     else:  # e.g. a container without CAP_SYS_RESOURCE: online resize is refused, clearly

@@ -56,7 +56,7 @@ from aenv.core.errors import (
     NotFound,
 )
 from aenv.core.keyed_locks import KeyedLocks
-from aenv.storage import loopdev, workspace_state
+from aenv.storage import ext4_resize, loopdev, workspace_state
 from aenv.storage.files import fsync_dirs, listdir
 from aenv.storage.mounts import MOUNT_TIMEOUT_S, read_mountinfo, unmount
 from aenv.storage.reflink_fs import NotReflinkable, ReflinkPool, ficlone
@@ -265,34 +265,17 @@ class WorkspaceStore:
                 raise InvalidArgument(
                     f"cannot resize {sandbox_id}'s {ws.size_mb} MiB disk to {size_mb}"
                 )
-            resize2fs = loopdev.require_tool("resize2fs", "e2fsprogs")
+            what = f"{sandbox_id}'s disk"
             device = self._mounted_device(self.mount_point(sandbox_id))
-            if device is not None and not _has_cap_sys_resource():
-                raise FailedPrecondition(
-                    f"online resize of {sandbox_id}'s disk needs CAP_SYS_RESOURCE, which this "
-                    "process lacks: detach it and grow it offline"
-                )
+            if device is not None:
+                ext4_resize.refuse_online_without_cap(what)
             async with self._admit:
                 self._check_space((size_mb - ws.size_mb) << 20)
                 os.truncate(ws.image, size_mb << 20)
             if device is not None:
-                await loopdev.set_capacity(device)
-                try:
-                    await proc.run([resize2fs, device], timeout=MKFS_TIMEOUT_S)
-                except CommandError as exc:
-                    if "Permission denied" in exc.stderr:
-                        raise FailedPrecondition(
-                            f"online resize of {sandbox_id}'s disk needs CAP_SYS_RESOURCE: "
-                            "detach it and grow it offline"
-                        ) from exc
-                    raise
+                await ext4_resize.grow_online(device, what)
             else:
-                e2fsck = loopdev.require_tool("e2fsck", "e2fsprogs")
-                # resize2fs refuses a filesystem not checked since its last mount; -p fixes only
-                # what is safe without asking and fails (rc >= 4) on anything worse.
-                await proc.run([e2fsck, "-f", "-p", str(ws.image)], timeout=MKFS_TIMEOUT_S)
-                await proc.run([resize2fs, str(ws.image)], timeout=MKFS_TIMEOUT_S)
-                await asyncio.to_thread(_fsync_file, ws.image)
+                await ext4_resize.grow_offline(ws.image)
             return self.get(sandbox_id)
 
     # -- attaching ----------------------------------------------------------------------------
@@ -446,7 +429,7 @@ class WorkspaceStore:
                 with open(tmp, "xb") as fh:
                     fh.truncate(size_mb << 20)
                 await proc.run([mkfs, *_MKFS_EXT4_ARGS, str(tmp)], timeout=MKFS_TIMEOUT_S)
-                await asyncio.to_thread(_fsync_file, tmp)
+                await asyncio.to_thread(ext4_resize.fsync_file, tmp)
                 tmp.rename(blank)  # equal content whoever wins: clobbering is harmless
             except BaseException as exc:
                 with contextlib.suppress(FileNotFoundError):
@@ -545,20 +528,3 @@ def _link_durably(tmp: Path, target: Path) -> None:
     # fsync in this thread too: on the event loop it stalled every request for its duration.
     os.link(tmp, target)
     fsync_dirs(target.parent)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _has_cap_sys_resource() -> bool:
-    # Bit 24 of the effective set; containers often drop it (this CI host does).
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) & (1 << 24))
-    return False
