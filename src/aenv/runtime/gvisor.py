@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -45,7 +44,7 @@ from aenv.core.errors import (
     RuntimeFailure,
 )
 from aenv.network.base import NetSlot
-from aenv.runtime import cgroups, exits, gvisor_pause, oci, reaper, urpc
+from aenv.runtime import cgroups, exits, gvisor_pause, gvisor_teardown, oci, urpc
 from aenv.runtime.base import (
     IMAGE_FILES,
     Exit,
@@ -75,10 +74,6 @@ _CHECKPOINT_ARG = {
     "have_pages_file": True,
     "Resume": True,
 }
-#: How often a ``runsc delete`` in progress looks for the processes it killed, to reap them.
-REAP_POLL_S = 0.02
-#: A gofer exits within milliseconds of its sandbox; past this, the delete goes on (logged).
-GOFER_EXIT_TIMEOUT_S = 10.0
 #: A save writes the sandbox's memory: seconds for a large one.
 CHECKPOINT_TIMEOUT_S = 300.0
 
@@ -317,7 +312,7 @@ class GvisorRuntime:
             sandbox_id = homes.get(st.id) or (
                 st.bundle.parent.name if st.bundle.name == "bundle" else st.id)
             status = st.status if st.status in _STATUSES else "unknown"
-            if status in _ALIVE and st.pid is not None and not _pid_alive(st.pid):
+            if status in _ALIVE and st.pid is not None and not gvisor_teardown.pid_alive(st.pid):
                 # A sandbox that exited after a checkpoint keeps "running" in runsc's file.
                 status = "stopped"
             if status == "running":
@@ -396,7 +391,7 @@ class GvisorRuntime:
                 except NotFound:
                     break
                 if state.status not in _ALIVE or (state.pid is not None
-                                                  and not _pid_alive(state.pid)):
+                                                  and not gvisor_teardown.pid_alive(state.pid)):
                     break
                 await asyncio.sleep(STATE_POLL_S)
         logs = self.log_dir(sid)
@@ -492,11 +487,12 @@ class GvisorRuntime:
         """Remove runsc's container ``runtime_id`` and its cgroups, and the files of sandbox
         ``sid`` (the same id but for a sandbox resumed into a pre-created one)."""
         with map_runsc_errors(sid, "delete"):
-            await self._delete(runtime_id, _read_pid(self.bundle_dir(sid) / "sandbox.pid"))
+            await gvisor_teardown.delete(self.runsc, self.config.state_dir, runtime_id,
+                                         _read_pid(self.bundle_dir(sid) / "sandbox.pid"))
         # runsc creates the cgroups before it saves the container's state, so a run that
         # fails (or is cancelled) in between leaves cgroups that ``delete`` does not know
         # about, with the processes it started in them.
-        await self._kill_left(runtime_id)
+        await gvisor_teardown.kill_left(self._cgroup(runtime_id), runtime_id)
         cgroups.remove(self._cgroup(runtime_id))
         self._cpu_samples.pop(runtime_id, None)
         self._shapes.pop(runtime_id, None)
@@ -510,54 +506,6 @@ class GvisorRuntime:
             sandbox_dir.rmdir()
         except OSError:
             pass  # not empty (storage's upper, kept logs) or already gone
-
-    async def _delete(self, runtime_id: str, pid: int | None) -> None:
-        """``runsc delete``, reaping what it kills meanwhile: it waits until the killed
-        sandbox is reaped, and the node (its subreaper: ``runtime/reaper.py``) is who reaps
-        it. Then, until the gofer has exited too: runsc does not wait for it, and a gofer
-        still flushing files into a rootfs that is unmounted or a disk that is detached next
-        leaves a busy mount or a damaged file system (seen as "Structure needs cleaning")."""
-        pids = [p for p in (pid, self._gofer_pid(runtime_id)) if p is not None]
-        delete = asyncio.ensure_future(self.runsc.delete(runtime_id))
-        try:
-            while not delete.done():
-                reaper.reap_adopted(pids)
-                await asyncio.wait([delete], timeout=REAP_POLL_S)
-        except BaseException:
-            delete.cancel()
-            raise
-        await delete
-        deadline = time.monotonic() + GOFER_EXIT_TIMEOUT_S
-        while True:
-            reaper.reap_adopted(pids)
-            left = [p for p in pids if _pid_alive(p)]
-            if not left:
-                return
-            if time.monotonic() > deadline:
-                log.warning("runtime processes %s of %s outlived its delete by %.0f s",
-                            left, runtime_id, GOFER_EXIT_TIMEOUT_S)
-                return
-            await asyncio.sleep(REAP_POLL_S)
-
-    async def _kill_left(self, runtime_id: str) -> None:
-        killed = cgroups.kill_left(self._cgroup(runtime_id))
-        if not killed:
-            return
-        log.warning("killed %d processes of %s that its delete left: %s", len(killed),
-                    runtime_id, sorted(killed))
-        deadline = time.monotonic() + GOFER_EXIT_TIMEOUT_S
-        while (alive := [p for p in killed if _pid_alive(p)]) and time.monotonic() < deadline:
-            reaper.reap_adopted(alive)
-            await asyncio.sleep(REAP_POLL_S)
-
-    def _gofer_pid(self, runtime_id: str) -> int | None:
-        """The gofer's pid from runsc's state file (None if it has none or is unreadable)."""
-        path = self.config.state_dir / "runsc" / f"{runtime_id}_sandbox:{runtime_id}.state"
-        try:
-            pid = json.loads(path.read_text()).get("goferPid")
-        except (OSError, ValueError):
-            return None
-        return pid if isinstance(pid, int) and pid > 0 else None
 
     def memory_charged(self, instance: Instance) -> int | None:
         """Bytes the sandbox's memory cgroup is charged now (guest memory and the files
@@ -580,16 +528,6 @@ class GvisorRuntime:
             shape = (cpus, int(resources["memory"]["limit"]), Path(config["root"]["path"]))
             self._shapes[cid] = shape
         return shape
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_pid(path: Path) -> int | None:
