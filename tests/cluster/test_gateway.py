@@ -174,3 +174,23 @@ def test_a_hung_node_is_suspect_then_lost_and_the_other_serves(
         time.sleep(0.2)
     for sbx in on_b + keep:
         sbx.kill()
+
+
+def test_sandboxes_count_against_their_api_key(
+        sdk: None, gateway: Service, redis_server: RedisServer) -> None:
+    """What a scheduler's ``--key-quota`` counts: each create through the gateway is added to
+    its key's sandboxes (by a hash of the key, never the key), a kill removes it."""
+    import hashlib
+
+    from redis import Redis
+
+    key_id = hashlib.sha256(API_KEY.encode()).hexdigest()[:16]
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        sbx = Sandbox.create(timeout=120)
+        assert client.zscore(Keys().key_sandboxes(key_id), sbx.sandbox_id) is not None
+        assert not client.keys(f"*{API_KEY}*")
+        sbx.kill()
+        assert client.zscore(Keys().key_sandboxes(key_id), sbx.sandbox_id) is None
+    finally:
+        client.close()

@@ -28,8 +28,9 @@ async def beat(redis: Redis, keys: Keys, node_id: str, **fields: object) -> Node
     return info
 
 
-def scheduler(redis_server: RedisServer, keys: Keys) -> httpx.AsyncClient:
-    app = create_app(Redis.from_url(redis_server.url, decode_responses=True), keys)
+def scheduler(redis_server: RedisServer, keys: Keys, key_quota: int = 0) -> httpx.AsyncClient:
+    app = create_app(Redis.from_url(redis_server.url, decode_responses=True), keys,
+                     key_quota=key_quota)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sched")
 
 
@@ -153,3 +154,65 @@ async def test_an_abandoned_reservation_expires(redis: Redis, keys: Keys) -> Non
     assert (await reserve.reserve(redis, keys, "a", "r2", 1, fresh_s=6)).reason == "full"
     await asyncio.sleep(0.4)
     assert (await reserve.reserve(redis, keys, "a", "r3", 1, fresh_s=6)).count == 1
+
+
+async def _place(client: httpx.AsyncClient, key: str, **more: object) -> httpx.Response:
+    return await client.post("/v1/placements", json={"templateID": "base", "key": key, **more})
+
+
+async def test_a_key_holds_its_quota_and_no_more_across_nodes_and_schedulers(
+        redis: Redis, redis_server: RedisServer, keys: Keys) -> None:
+    await beat(redis, keys, "a", limit=10)
+    await beat(redis, keys, "b", limit=10)
+    async with scheduler(redis_server, keys, key_quota=5) as one, \
+            scheduler(redis_server, keys, key_quota=5) as two:
+        # Racing from two replicas: 5 for key aa, however the 20 requests interleave.
+        answers = await asyncio.gather(*(_place(one if i % 2 else two, "aa")
+                                         for i in range(20)))
+        granted = [a for a in answers if a.status_code == 201]
+        assert len(granted) == 5
+        refused = [a for a in answers if a.status_code == 429]
+        assert {a.json()["error"] for a in refused} == {"quota_exceeded"}
+        assert all(a.headers["Retry-After"] == "1" for a in refused)
+        # Another key is not held back by it; nodes still have room.
+        assert (await _place(one, "bb")).status_code == 201
+        # A cancelled reservation gives its slot back; a committed one keeps it as its
+        # sandbox, until the sandbox is killed (forget) or gone from every roster.
+        first, second, *rest = [a.json()["placements"][0]["reservationID"] for a in granted]
+        await one.delete(f"/v1/reservations/{first}")
+        assert (await _place(one, "aa")).status_code == 201
+        await one.post(f"/v1/reservations/{second}/commit", json={"sandboxIDs": ["s1"]})
+        assert await redis.zscore(keys.key_sandboxes("aa"), "s1") is not None
+        assert (await _place(one, "aa")).status_code == 429
+        await reserve.forget(redis, keys, "aa", "s1")
+        assert (await _place(one, "aa")).status_code == 201
+        # A fork spread asks for several at once: all within the quota, or none.
+        for reservation in rest:
+            await one.delete(f"/v1/reservations/{reservation}")
+        over = await _place(one, "cc", count=8, spread=True)
+        assert over.status_code == 429 and over.json()["error"] == "quota_exceeded"
+        assert await redis.zcard(keys.key_pending("cc")) == 0  # given back
+        spread = await _place(one, "cc", count=5, spread=True)
+        assert sum(p["count"] for p in spread.json()["placements"]) == 5
+
+
+async def test_sandboxes_that_ended_on_their_own_stop_counting(
+        redis: Redis, keys: Keys) -> None:
+    info = NodeInfo(node_id="a", address="http://a:3000", limit=10, starting_limit=10)
+    await registry.heartbeat(redis, keys, info, roster=["alive"],
+                             measured_ms=await registry.now_ms(redis))
+    for sandbox_id in ("alive", "ended"):
+        await reserve.count(redis, keys, "aa", sandbox_id)
+    assert await reserve.forget_gone(redis, keys) == 0  # within the grace: both count
+    assert await reserve.forget_gone(redis, keys, grace_ms=0) == 1
+    assert await redis.zrange(keys.key_sandboxes("aa"), 0, -1) == ["alive"]
+
+
+async def test_without_a_quota_keys_are_not_counted_against_one(
+        redis: Redis, redis_server: RedisServer, keys: Keys) -> None:
+    await beat(redis, keys, "a", limit=3)
+    async with scheduler(redis_server, keys) as client:
+        answers = [await _place(client, "aa") for _ in range(4)]
+    assert [a.status_code for a in answers] == [201, 201, 201, 429]
+    assert answers[-1].json()["error"] == "cluster_full"
+    assert await redis.zcard(keys.key_pending("aa")) == 0

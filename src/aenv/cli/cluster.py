@@ -49,12 +49,20 @@ def register(app: typer.Typer) -> None:
 def scheduler(
     cluster: Cluster = None,
     listen: Annotated[str, typer.Option(help="HOST:PORT to serve on")] = DEFAULT_SCHEDULER,
+    key_quota: Annotated[int | None, typer.Option(
+        min=0, help="sandboxes (running, paused or starting) one API key may hold in the "
+                    "whole cluster (default AENV_KEY_QUOTA, else 0: no quota)")] = None,
 ) -> None:
     """Serve the scheduler: where each new, resumed or forked sandbox goes."""
     from aenv.cluster.redis_client import connect
     from aenv.cluster.scheduler import create_app
 
-    _serve(create_app(connect(redis_url(cluster))), listen)
+    if key_quota is None:
+        raw = os.environ.get("AENV_KEY_QUOTA", "0")
+        if not raw.isdigit():
+            fail(f"AENV_KEY_QUOTA={raw!r}: expected a whole number")
+        key_quota = int(raw)
+    _serve(create_app(connect(redis_url(cluster)), key_quota=key_quota), listen)
 
 
 def gateway(

@@ -29,7 +29,8 @@ Send = Callable[[str, str, str, object], Awaitable[httpx.Response]]
 
 async def spread(send: Send, scheduler: SchedulerClient, *,
                  parent_id: str, parent_node: tuple[str, str], entries: list[dict[str, Any]],
-                 timeout: int | None) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+                 timeout: int | None, key: str | None = None
+                 ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """``entries`` (the node's answer) with its 429 entries replaced by children on other
     nodes where there is room; the (sandbox id, node id) of each child made here."""
     full = [i for i, e in enumerate(entries) if (e.get("error") or {}).get("code") == 429]
@@ -42,12 +43,13 @@ async def spread(send: Send, scheduler: SchedulerClient, *,
         return entries, []  # the node's own answer stands: its children, and its 429s
     snapshot_id = snap.json()["snapshotID"]
     placed = await scheduler.place(templateID=snapshot_id, snapshotID=snapshot_id,
-                                   count=len(full), spread=True, exclude=[node_id])
+                                   count=len(full), spread=True, exclude=[node_id], key=key)
     if isinstance(placed, Response):
         return entries, []  # the node's own answer stands: its children, and its 429s
     made: list[tuple[str, str]] = []
     slots = iter(full)
     for placement in placed:
+        here: list[str] = []
         for _ in range(placement["count"]):
             index = next(slots)
             body: dict[str, Any] = {"templateID": snapshot_id}
@@ -63,9 +65,10 @@ async def spread(send: Send, scheduler: SchedulerClient, *,
                 child = created.json()
                 entries[index] = {"sandbox": child}
                 made.append((str(child["sandboxID"]), placement["nodeID"]))
+                here.append(str(child["sandboxID"]))
             else:
                 entries[index] = {"error": _error_of(created)}
-        await scheduler.settle(placement["reservationID"], commit=True)
+        await scheduler.settle(placement["reservationID"], commit=True, sandbox_ids=here)
     return entries, made
 
 

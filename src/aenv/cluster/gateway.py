@@ -31,6 +31,7 @@ API keys: the gateway checks ``X-API-KEY`` on the control plane against the clus
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -48,7 +49,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.listing import encode_cursor
-from aenv.cluster import bindings, fork_spread, forward
+from aenv.cluster import bindings, fork_spread, forward, reserve
 from aenv.cluster.cache import Binding, ClusterCache
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
@@ -117,6 +118,7 @@ class Gateway:
             answer = await self._to_sandbox(request, match.group(1))
             if request.method == "DELETE" and answer.status_code in (204, 404):
                 await bindings.unbind(self.redis, self.keys, match.group(1))
+                await reserve.forget(self.redis, self.keys, _key_id(request), match.group(1))
                 self.cache.forget(match.group(1))
             return answer
         return await self._to_any(request)
@@ -221,14 +223,17 @@ class Gateway:
                                            headers=send_headers)
 
         entries = sent.json()
+        key = _key_id(request)
         for entry in entries:
             child = entry.get("sandbox") or {}
             if child.get("sandboxID"):
                 await self._bind(child["sandboxID"], node.node_id, 1)
+                # Made by the parent's node without a reservation: counted here.
+                await reserve.count(self.redis, self.keys, key, child["sandboxID"])
         entries, made = await fork_spread.spread(
             send, self.scheduler, parent_id=parent_id,
             parent_node=(node.node_id, node.address), entries=entries,
-            timeout=timeout if isinstance(timeout, int) else None)
+            timeout=timeout if isinstance(timeout, int) else None, key=key)
         for child_id, child_node in made:
             await self._bind(child_id, child_node, 1)
         return JSONResponse(entries, status_code=201)
@@ -282,7 +287,8 @@ class Gateway:
         exclude: list[str] = []
         answer: Response | None = None
         for _ in range(CREATE_ATTEMPTS):
-            placed = await self.scheduler.place(templateID=template, exclude=exclude)
+            placed = await self.scheduler.place(templateID=template, exclude=exclude,
+                                                key=_key_id(request))
             if isinstance(placed, Response):
                 return placed
             [placement] = placed
@@ -300,8 +306,9 @@ class Gateway:
                 k: v for k, v in sent.headers.items()
                 if k.lower() in ("content-type", "retry-after")})
             if sent.status_code == 201:
-                await self.scheduler.settle(reservation, commit=True)
                 sandbox_id = str(sent.json().get("sandboxID", ""))
+                await self.scheduler.settle(reservation, commit=True,
+                                            sandbox_ids=[sandbox_id] if sandbox_id else [])
                 if sandbox_id:
                     await self._bind(sandbox_id, placement["nodeID"], 1)
                 return answer
@@ -344,6 +351,12 @@ class Gateway:
             items = items[: int(limit)]
             headers["X-Next-Token"] = encode_cursor(*_order(items[-1]))
         return JSONResponse(items, headers=headers)
+
+
+def _key_id(request: Request) -> str:
+    """The id of the caller's API key for its quota: a hash, never the key itself."""
+    given = request.headers.get("x-api-key", "")
+    return hashlib.sha256(given.encode()).hexdigest()[:16]
 
 
 def _order(item: dict[str, object]) -> tuple[float, str]:

@@ -42,3 +42,13 @@ class Keys:
     def binding(self, sandbox_id: str) -> str:
         """Hash: the node a sandbox is on and the binding's fencing token."""
         return f"{self.prefix}:binding:{sandbox_id}"
+
+    def key_pending(self, key_id: str) -> str:
+        """Sorted set: an API key's open reservations (member = reservation slot, score =
+        expiry in ms), counted against its quota."""
+        return f"{self.prefix}:key:{key_id}:pending"
+
+    def key_sandboxes(self, key_id: str) -> str:
+        """Sorted set: an API key's sandboxes (member = sandbox id, score = when its create
+        was committed, in ms), counted against its quota until gone from every roster."""
+        return f"{self.prefix}:key:{key_id}:sandboxes"

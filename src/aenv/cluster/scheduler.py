@@ -12,15 +12,21 @@ concurrent replicas agree. Callers are gateways.
 * 429 ``{"code": 429, "error": "cluster_full", "message"}`` with ``Retry-After``: every node
   that answers heartbeats is full, draining or at its limit of starts in flight (nothing is
   held: a partial spread is given back).
+* 429 ``{"code": 429, "error": "quota_exceeded", "message"}`` with ``Retry-After``: the
+  request's ``key`` (the gateway's id of the caller's API key) holds its quota of sandboxes
+  and reservations already (``--key-quota``; 0, the default, is none).
 * 503 ``{"code": 503, "error": "no_nodes", "message"}``: no node has a fresh heartbeat.
 
-``POST /v1/reservations/{id}/commit`` (the create succeeded) and ``DELETE
+``POST /v1/reservations/{id}/commit`` ``{"sandboxIDs"?}`` (the create succeeded; the ids
+count against the key's quota until no node's roster holds them) and ``DELETE
 /v1/reservations/{id}`` (it did not) answer 204 either way; an unknown id is not an error
 (it expired, or was settled already). ``GET /v1/nodes``: every node with its health.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,10 +42,15 @@ from aenv.cluster import placement, registry, reserve
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import SUSPECT_AFTER_S, Health
 
+log = logging.getLogger("aenv.cluster.scheduler")
+
 #: Seconds a caller told "cluster full" waits: about one heartbeat, when capacity may change.
 FULL_RETRY_AFTER_S = 1
 CLUSTER_FULL = "cluster_full"
+QUOTA_EXCEEDED = "quota_exceeded"
 NO_NODES = "no_nodes"
+#: How often a scheduler drops from the keys' quotas the sandboxes that ended on their own.
+QUOTA_SWEEP_S = 10.0
 
 
 class PlacementRequest(BaseModel):
@@ -52,6 +63,8 @@ class PlacementRequest(BaseModel):
     spread: bool = False
     host_key: str | None = Field(None, alias="hostKey")
     exclude: list[str] = Field(default_factory=list)
+    key: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]+$",
+                            description="the caller's API key id, for its quota")
 
     def want(self) -> placement.Want:
         return placement.Want(
@@ -67,13 +80,24 @@ def _refusal(status: int, error: str, message: str, retry_after_s: int | None = 
                         status_code=status, headers=headers)
 
 
-def create_app(redis: Redis, keys: Keys | None = None) -> FastAPI:
-    """The scheduler on ``redis`` (a client made with ``decode_responses=True``)."""
+class CommitRequest(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    sandbox_ids: list[str] = Field(default_factory=list, alias="sandboxIDs", max_length=1000)
+
+
+def create_app(redis: Redis, keys: Keys | None = None, *, key_quota: int = 0) -> FastAPI:
+    """The scheduler on ``redis`` (a client made with ``decode_responses=True``); each API
+    key may hold ``key_quota`` sandboxes at most (0: no quota)."""
     keys = keys or Keys()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Always: gateways count fork children whatever the quota (they do not know it).
+        sweep = asyncio.create_task(_sweep_quotas(redis, keys))
         yield
+        sweep.cancel()
+        await asyncio.gather(sweep, return_exceptions=True)
         await redis.aclose()
 
     app = FastAPI(title="aenv scheduler", lifespan=lifespan)
@@ -101,11 +125,13 @@ def create_app(redis: Redis, keys: Keys | None = None) -> FastAPI:
             return _refusal(503, NO_NODES, "no node of the cluster is reachable (no fresh "
                                            "heartbeat)")
         want = body.want()
-        needed, grants = body.count, []
+        needed, grants, over_quota = body.count, [], False
         for node in placement.candidates(nodes, want, now):
             grant = await reserve.reserve(
                 redis, keys, node.node_id, uuid.uuid4().hex, needed,
-                fresh_s=SUSPECT_AFTER_S, partial=body.spread)
+                fresh_s=SUSPECT_AFTER_S, partial=body.spread, key_id=body.key,
+                quota=key_quota)
+            over_quota = over_quota or grant.reason == "quota"
             if grant.count:
                 grants.append((node, grant))
                 needed -= grant.count
@@ -114,6 +140,11 @@ def create_app(redis: Redis, keys: Keys | None = None) -> FastAPI:
         if needed:
             for _, grant in grants:
                 await reserve.cancel(redis, keys, grant.reservation_id)
+            if over_quota:
+                return _refusal(429, QUOTA_EXCEEDED,
+                                f"this API key holds its quota of {key_quota} sandboxes "
+                                "(running, paused or starting); kill some first",
+                                FULL_RETRY_AFTER_S)
             return _refusal(429, CLUSTER_FULL,
                             f"the cluster has no room for {body.count} sandbox"
                             f"{'es' if body.count > 1 else ''} now; try again",
@@ -124,8 +155,9 @@ def create_app(redis: Redis, keys: Keys | None = None) -> FastAPI:
             for node, grant in grants]}
 
     @app.post("/v1/reservations/{reservation_id}/commit", status_code=204)
-    async def commit(reservation_id: str) -> Response:
-        await reserve.commit(redis, keys, reservation_id)
+    async def commit(reservation_id: str, body: CommitRequest | None = None) -> Response:
+        await reserve.commit(redis, keys, reservation_id,
+                             body.sandbox_ids if body is not None else ())
         return Response(status_code=204)
 
     @app.delete("/v1/reservations/{reservation_id}", status_code=204)
@@ -134,3 +166,14 @@ def create_app(redis: Redis, keys: Keys | None = None) -> FastAPI:
         return Response(status_code=204)
 
     return app
+
+
+async def _sweep_quotas(redis: Redis, keys: Keys) -> None:
+    """Every ``QUOTA_SWEEP_S``: sandboxes that ended on their own stop counting against
+    their key (any replica may run it: it only removes what no roster holds)."""
+    while True:
+        await asyncio.sleep(QUOTA_SWEEP_S)
+        try:
+            await reserve.forget_gone(redis, keys)
+        except RedisError as exc:
+            log.warning("quota sweep failed: %s", exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -27,13 +28,14 @@ class SchedulerClient:
         placements: list[dict[str, Any]] = placed.json()["placements"]
         return placements
 
-    async def settle(self, reservation: str, *, commit: bool) -> None:
-        """Commit (the sandbox started) or cancel a reservation; a scheduler that cannot be
-        reached is no error: the reservation expires on its own (``reserve.py``)."""
+    async def settle(self, reservation: str, *, commit: bool,
+                     sandbox_ids: Sequence[str] = ()) -> None:
+        """Commit (``sandbox_ids`` started) or cancel a reservation; a scheduler that cannot
+        be reached is no error: the reservation expires on its own (``reserve.py``)."""
         url = f"{self.url}/v1/reservations/{reservation}"
         try:
             if commit:
-                await self.http.post(url + "/commit")
+                await self.http.post(url + "/commit", json={"sandboxIDs": list(sandbox_ids)})
             else:
                 await self.http.delete(url)
         except httpx.TransportError:
