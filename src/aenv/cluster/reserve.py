@@ -42,7 +42,7 @@ local node, pending, committed, reservation = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local key_pending, key_sandboxes = KEYS[5], KEYS[6]
 local rid, want, ttl_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local fresh_ms, partial, node_id = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6]
-local quota = tonumber(ARGV[7])
+local quota, has_key = tonumber(ARGV[7]), ARGV[8] == '1'
 local f = redis.call('HMGET', node, 'state', 'limit', 'starting_limit', 'running', 'starting',
                      'heartbeat_ms')
 if not f[6] then return {0, 'unknown'} end
@@ -70,6 +70,8 @@ if quota > 0 then
     redis.call('ZADD', key_pending, now_ms + ttl_ms, rid .. '#' .. i)
   end
   redis.call('PEXPIRE', key_pending, ttl_ms * 2)
+end
+if has_key then
   redis.call('HSET', reservation, 'key_pending', key_pending, 'key_sandboxes', key_sandboxes)
 end
 for i = 1, grant do
@@ -126,16 +128,17 @@ async def reserve(redis: Redis, keys: Keys, node_id: str, reservation_id: str, c
                   fresh_s: float, partial: bool = False, key_id: str | None = None,
                   quota: int = 0, ttl_ms: int = RESERVATION_TTL_MS) -> Grant:
     """Hold ``count`` slots on ``node_id`` if its heartbeat is younger than ``fresh_s`` and it
-    is ready; with ``partial``, as many as are free (at least one). With ``key_id`` and a
-    ``quota`` (> 0), also within the API key's quota: its open reservations plus its
-    sandboxes (``commit`` adds them, ``forget_gone`` drops those no node holds)."""
+    is ready; with ``partial``, as many as are free (at least one). With ``key_id``, the
+    sandboxes its ``commit`` names count as the API key's (``forget`` and ``forget_gone``
+    drop them); with a ``quota`` (> 0) too, the grant stays within it: the key's open
+    reservations plus its sandboxes."""
     script = redis.register_script(_RESERVE)
     key = key_id or "-"
     granted, reason = await script(
         keys=[keys.node(node_id), keys.pending(node_id), keys.committed(node_id),
               keys.reservation(reservation_id), keys.key_pending(key), keys.key_sandboxes(key)],
         args=[reservation_id, count, ttl_ms, int(fresh_s * 1000), "1" if partial else "0",
-              node_id, quota if key_id else 0])
+              node_id, quota if key_id else 0, "1" if key_id else "0"])
     return Grant(node_id, reservation_id, int(granted),
                  reason.decode() if isinstance(reason, bytes) else str(reason))
 
