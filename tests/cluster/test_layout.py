@@ -5,13 +5,17 @@ real S3 server (``tests/cluster/layout.py``).
 - 60 creates through both gateways at once spread over the nodes by score, and no node goes
   over its limit;
 - the E2B SDK pointed at a gateway passes the same core tests as against a node (they are
-  ``tests/server/test_sdk_sync.py``'s, imported here and run through the gateway).
+  ``tests/server/test_sdk_sync.py``'s, imported here and run through the gateway), and the
+  JS SDK's smoke run (``tests/js/server_smoke.mjs``) passes through the other gateway.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,6 +25,7 @@ from e2b import Sandbox
 from tests.cluster.layout import Layout, cluster_layout
 from tests.cluster.test_gateway import node_of
 from tests.server.harness import restore_environ
+from tests.server.test_js_server import JS_DIR, _ensure_node_modules
 
 # The core SDK tests, run against a gateway (they take the ``server`` and ``sandbox``
 # fixtures defined below).
@@ -103,3 +108,19 @@ def test_sixty_creates_spread_by_score_and_no_node_over_its_limit(layout: Layout
     finally:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda s: s.kill(), made))
+
+
+@pytest.mark.js
+def test_js_sdk_through_the_other_gateway(layout: Layout) -> None:
+    node = shutil.which("node")
+    assert node, "node is required (make test installs it)"
+    _ensure_node_modules()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    env.update(layout.point_sdk_at(layout.gateways[1]))
+    done = subprocess.run([node, "server_smoke.mjs"], cwd=JS_DIR, env=env,
+                          capture_output=True, text=True, timeout=180, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no summary; stdout={done.stdout!r} stderr={done.stderr[-2000:]!r}"
+    summary = json.loads(lines[-1])
+    assert summary["ok"], summary
+    assert done.returncode == 0
