@@ -15,11 +15,12 @@ from aenv.core.errors import InDoubt, NotFound, RuntimeFailure
 from aenv.network import guest_http
 from aenv.runtime.base import ENVD_PORT, IMAGE_FILES, MemoryImage, SandboxSpec
 from aenv.runtime.gvisor import GvisorRuntime
+from tests.counter import counting_into
 from tests.runtime.conftest import Booted, SandboxFactory
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.anyio]
 
-COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done"
+COUNTER = counting_into("/tmp/counter")
 
 
 async def _start_via_envd(booted: Booted, script: str) -> None:

@@ -16,13 +16,10 @@ import httpx
 import pytest
 from e2b import Sandbox, Template
 
+from tests.counter import COUNT
 from tests.server.harness import API_KEY, NodeServer, serving
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.timeout(600)]
-
-COUNT = "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' " \
-        ">/dev/null 2>&1 &"
-
 
 @pytest.fixture(scope="module")
 def memory_node() -> Iterator[NodeServer]:

@@ -15,16 +15,13 @@ import time
 import pytest
 from e2b import Sandbox
 
+from tests.counter import COUNT
 from tests.server.harness import NodeServer, leaked_sandboxes, serving, start_server
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.timeout(600)]
 
 _PRECREATED = re.compile(r"created sandbox (\w+) \(pid \d+\) in slot")
 _CHILD = re.compile(r"created (\w+) \((warm|pre-created|cold)\)")
-COUNT = "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' " \
-        ">/dev/null 2>&1 &"
-
-
 def _wait_precreated(node: NodeServer, at_least: int, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while len(_PRECREATED.findall(node.log())) < at_least:

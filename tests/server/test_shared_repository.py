@@ -29,6 +29,7 @@ from e2b.exceptions import ServiceBusyException
 from aenv.storage.manifest import SnapshotManifest
 from aenv.storage.objects import ObjectStore
 from tests.conftest import free_port
+from tests.counter import COUNT
 from tests.s3 import S3Server, run_s3_server
 from tests.server.harness import (
     CACHE,
@@ -116,8 +117,7 @@ def test_template_snapshot_and_paused_sandbox_move_to_another_node() -> None:
 
 def start_counter(sbx: Sandbox) -> None:
     """A process that counts into /tmp/count every 0.1 s (its state must survive a move)."""
-    sbx.commands.run("nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; "
-                     "sleep 0.1; done' >/dev/null 2>&1 &")
+    sbx.commands.run(COUNT)
     time.sleep(1.0)
 
 
