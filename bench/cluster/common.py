@@ -1,18 +1,13 @@
-"""What the cluster benchmark's parts share: percentiles and the log."""
+"""What the cluster benchmark's parts share: the burst benchmark's log and percentile, and
+the summary and ratio of its tables."""
 
 from __future__ import annotations
 
 import statistics
-import sys
 
+from bench.burst_bench import log, pct
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+__all__ = ["log", "pct", "ratio", "summary"]
 
 
 def summary(samples_ms: list[float]) -> dict[str, float]:
