@@ -18,6 +18,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import uvicorn
@@ -25,6 +26,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from aenv.api.app import NodeApp, build_api
+from aenv.api.limits import BodyLimits
+from aenv.api.protocol import ConnectionLimits, protocol_class
 from aenv.cluster.heartbeat import Heartbeat
 from aenv.cluster.peer_fetch import PeerBlobs
 from aenv.core import faults, ids, proc
@@ -40,10 +43,13 @@ from aenv.orchestrator.context import Node
 from aenv.orchestrator.deaths import DeathWatch
 from aenv.orchestrator.gc import run_gc_loop
 from aenv.orchestrator.idle import run_idle_loop
+from aenv.orchestrator.liveness import run_liveness_loop
+from aenv.orchestrator.owners import Owners
 from aenv.orchestrator.paused_repo import publish_pending
 from aenv.orchestrator.precreated import PrecreatedPool
 from aenv.orchestrator.recover import recover
 from aenv.orchestrator.restore_match import host_requirements
+from aenv.orchestrator.settle import settle
 from aenv.orchestrator.spill import Spiller
 from aenv.orchestrator.template_image import with_memory_image
 from aenv.orchestrator.ttl import run_ttl_loop
@@ -167,7 +173,9 @@ async def open_workspaces(settings: Settings) -> WorkspaceStore:
         raise SystemExit(
             f"aenv: disk workspaces (workspace=disk, the default) cannot start: {exc.message}. "
             "Fix that, or keep written files in sandbox memory: AENV_WORKSPACE=memory") from None
-    workspaces = WorkspaceStore(pool, overcommit=settings.workspace_overcommit)
+    workspaces = WorkspaceStore(pool, overcommit=settings.workspace_overcommit,
+                                host_watermark_percent=settings.host_disk_watermark_percent,
+                                trim_interval_s=settings.workspace_trim_interval_s)
     await workspaces.clean_staging()
     return workspaces
 
@@ -178,8 +186,8 @@ async def _sweep_build_scratch(build_dir: Path) -> None:
     for mount_point in mounts_under(scratch):
         await unmount(mount_point, lazy=True, what="a leftover layer view")
     await asyncio.to_thread(rmtree, scratch)
-    for partial in (build_dir / "files").glob(".upload-*"):
-        partial.unlink(missing_ok=True)
+    for upload in (build_dir / "files").glob(".upload-*"):
+        upload.unlink(missing_ok=True)
 
 
 def join_cluster(node: Node, url: str) -> Heartbeat:
@@ -264,7 +272,10 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         admission=Admission(max_starts=settings.max_concurrent_starts,
                             max_waiting=settings.max_queued_starts,
                             retry_after_s=settings.busy_retry_after_s),
+        owners=Owners(deadline_s=settings.operation_deadline_s,
+                      wait_s=settings.transition_wait_s),
     )
+    node.owners.settler = partial(settle, node)
     builder = Builder(node, template_store, files_dir=build_dir / "files",
                       scratch_dir=build_dir / "scratch")
     node.builder = builder
@@ -295,9 +306,12 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         spiller.start()
         tasks.append(asyncio.create_task(run_ttl_loop(node), name="ttl"))
         tasks.append(asyncio.create_task(run_idle_loop(node), name="idle"))
+        tasks.append(asyncio.create_task(run_liveness_loop(node), name="liveness"))
         tasks.append(asyncio.create_task(reaper.sweep(), name="reaper"))
         if settings.gc_interval_s:
             tasks.append(asyncio.create_task(run_gc_loop(node), name="gc"))
+        if workspaces is not None:
+            tasks.append(asyncio.create_task(workspaces.trimmer.run(), name="pool-trim"))
         deaths.start()
         base = await catalog.resolve(settings.default_template)
         with console.status("preparing the base template's memory image"):
@@ -328,6 +342,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
         await deaths.close()
         await builder.close()
         await spiller.close()
+        await node.owners.close()
         if node.warm is not None:
             with contextlib.suppress(Exception):
                 await warm.close()
@@ -376,11 +391,13 @@ async def serve(settings: Settings) -> None:
         ThreadPoolExecutor(max_workers=EXECUTOR_THREADS, thread_name_prefix="aenv-io"))
     async with running_node(settings) as node:
         proxy = Proxy(node)
-        app = NodeApp(build_api(node, key), proxy)
+        app = NodeApp(build_api(node, key), proxy, BodyLimits.of(settings))
         config = uvicorn.Config(
-            app, host=settings.host, port=settings.port, loop="asyncio", http="httptools",
+            app, host=settings.host, port=settings.port, loop="asyncio",
+            # httptools, guarded: head size, header-read timeout, slow connections per client.
+            http=protocol_class(ConnectionLimits.of(settings)),
             ws="websockets-sansio", lifespan="off", access_log=False, log_level=settings.log_level,
-            timeout_keep_alive=75, server_header=False,
+            timeout_keep_alive=settings.idle_timeout_s, server_header=False,
         )
         server = _Server(config)
         console.print(f"[bold green]aenv[/] serving on http://{settings.listen}  "

@@ -24,6 +24,7 @@ from e2b import (
     FileType,
     InvalidArgumentException,
     Sandbox,
+    SandboxException,
 )
 from e2b.connection_config import ConnectionConfig
 from e2b.sandbox.filesystem.filesystem import WriteEntry
@@ -110,9 +111,71 @@ def test_write_as_root(sandbox: Sandbox, workdir: str) -> None:
     sandbox.files.write(f"{workdir}/root.txt", "r", user="root")
     info = sandbox.files.get_info(f"{workdir}/root.txt")
     assert (info.owner, info.group, info.permissions) == ("root", "root", "-rw-r--r--")
-    # An existing file is handed to the writing user, as envd does.
-    sandbox.files.write(f"{workdir}/root.txt", "u")
-    assert sandbox.files.get_info(f"{workdir}/root.txt").owner == "user"
+    # Root's 0644 file is not the user's to overwrite (as with `echo > f` in their shell)...
+    with pytest.raises(SandboxException, match="403"):
+        sandbox.files.write(f"{workdir}/root.txt", "u")
+    assert sandbox.files.read(f"{workdir}/root.txt") == "r"
+    # ...while root, unrestricted, takes over an existing file it writes, as envd does.
+    sandbox.files.write(f"{workdir}/user.txt", "u")
+    sandbox.files.write(f"{workdir}/user.txt", "r", user="root")
+    assert sandbox.files.get_info(f"{workdir}/user.txt").owner == "root"
+
+
+# -- as the requesting user (issue 21, item 3) -------------------------------------------------
+
+
+def test_read_as_user_is_their_permission(sandbox: Sandbox, workdir: str) -> None:
+    secret = f"{workdir}/secret"
+    sandbox.commands.run(f"echo s > {secret} && chmod 600 {secret}", user="root")
+    with pytest.raises(SandboxException, match="403"):
+        sandbox.files.read(secret)
+    with pytest.raises(SandboxException, match="403"):
+        sandbox.files.read("/root/.bashrc-or-anything")  # /root is 0700: not even a lookup
+    assert sandbox.files.read(secret, user="root") == "s\n"
+
+
+def test_write_as_user_cannot_climb_out(sandbox: Sandbox, envd: EnvdSandbox) -> None:
+    name = f"escape-{uuid.uuid4().hex[:6]}"
+    # Relative to the user's home: /root/<name>, a directory only root may write.
+    with pytest.raises(SandboxException, match="403"):
+        sandbox.files.write(f"../../root/{name}", "x")
+    with pytest.raises(SandboxException, match="403"):
+        sandbox.files.write(f"../../root/{name}/deeper/f", "x")
+    assert not envd.host_path(f"/root/{name}").exists()
+    sandbox.files.write(f"../../root/{name}", "x", user="root")
+    assert envd.host_path(f"/root/{name}").read_text() == "x"
+
+
+def test_write_as_user_through_a_symlink(sandbox: Sandbox, workdir: str, envd: EnvdSandbox) -> None:
+    target = f"/tmp/target-{uuid.uuid4().hex[:6]}"
+    sandbox.commands.run(f"echo original > {target}", user="root")  # root's, 0644
+    sandbox.commands.run(f"ln -s {target} {workdir}/link")
+    with pytest.raises(SandboxException, match="403"):
+        sandbox.files.write(f"{workdir}/link", "overwritten")
+    with pytest.raises(SandboxException, match="403"):
+        sandbox.files.write(f"{workdir}/link", "overwritten", use_octet_stream=True)
+    assert envd.host_path(target).read_text() == "original\n"
+
+
+def test_raw_upload_as_user_is_403(sandbox: Sandbox, envd: EnvdSandbox) -> None:
+    name = f"raw-{uuid.uuid4().hex[:6]}"
+    response = httpx.post(
+        f"{envd.url}/files", params={"path": f"/root/{name}", "username": "user"},
+        files={"file": ("f", b"x")},
+    )
+    assert response.status_code == 403, response.text
+    assert response.json()["code"] == 403
+    assert not envd.host_path(f"/root/{name}").exists()
+    response = httpx.get(f"{envd.url}/files", params={"path": f"/root/{name}", "username": "user"})
+    assert response.status_code == 403, response.text
+
+
+def test_signed_url_acts_as_its_user(secured_sdk: Sandbox, secured: EnvdSandbox) -> None:
+    name = f"signed-{uuid.uuid4().hex[:6]}"
+    url = secured_sdk.upload_url(f"/root/{name}", user="user")
+    response = httpx.post(url, content=b"x", headers={"content-type": "application/octet-stream"})
+    assert response.status_code == 403, response.text
+    assert not secured.host_path(f"/root/{name}").exists()
 
 
 def test_metadata_round_trip(sandbox: Sandbox, workdir: str) -> None:

@@ -21,6 +21,7 @@ from e2b import (
     FileType,
     InvalidArgumentException,
     Sandbox,
+    SandboxException,
 )
 
 from tests.envd.connect_wire import UNARY_HEADERS
@@ -317,3 +318,52 @@ async def test_async_directory_operations(async_sandbox: AsyncSandbox, workdir: 
     assert [e.name for e in await files.list(workdir)] == ["g.txt"]
     with pytest.raises(FileNotFoundException):
         await files.get_info(f"{workdir}/d")
+
+
+# -- as the requesting user (issue 21, item 3) -------------------------------------------------
+
+
+def test_rpcs_as_user_are_their_permission(
+    sandbox: Sandbox, workdir: str, envd: EnvdSandbox
+) -> None:
+    """Every Filesystem RPC meets the user's permissions: /root is root's (0700) and a
+    root-owned directory inside the user's workdir is not theirs to write into."""
+    name = f"mine-{uuid.uuid4().hex[:6]}"
+    sandbox.files.write(f"/root/{name}", "r", user="root")
+    sandbox.files.make_dir(f"{workdir}/roots", user="root")
+    sandbox.files.write(f"{workdir}/roots/f", "r", user="root")
+    sandbox.files.write(f"{workdir}/mine", "u")
+    denied = [
+        lambda: sandbox.files.list("/root"),
+        lambda: sandbox.files.get_info(f"/root/{name}"),
+        lambda: sandbox.files.make_dir(f"/root/{name}-dir"),
+        lambda: sandbox.files.make_dir(f"{workdir}/roots/sub"),
+        lambda: sandbox.files.rename(f"{workdir}/mine", f"/root/{name}-moved"),
+        lambda: sandbox.files.rename(f"{workdir}/roots/f", f"{workdir}/stolen"),
+        lambda: sandbox.files.remove(f"/root/{name}"),
+        lambda: sandbox.files.remove(f"{workdir}/roots/f"),
+        lambda: sandbox.files.watch_dir("/root"),
+    ]
+    for number, attempt in enumerate(denied):
+        with pytest.raises(SandboxException, match="PERMISSION_DENIED"):
+            attempt()
+            pytest.fail(f"attempt {number} was allowed")
+    assert envd.host_path(f"/root/{name}").read_text() == "r"
+    assert not envd.host_path(f"/root/{name}-dir").exists()
+    assert not envd.host_path(f"/root/{name}-moved").exists()
+    assert envd.host_path(f"{workdir}/roots/f").exists()
+    # Root is unrestricted.
+    assert name in {e.name for e in sandbox.files.list("/root", user="root")}
+    sandbox.files.rename(f"{workdir}/roots/f", f"{workdir}/roots/g", user="root")
+    sandbox.files.remove(f"/root/{name}", user="root")
+    assert not envd.host_path(f"/root/{name}").exists()
+    sandbox.files.remove(f"{workdir}/roots", user="root")  # the user could not
+
+
+def test_what_a_user_creates_is_theirs(sandbox: Sandbox, workdir: str, envd: EnvdSandbox) -> None:
+    sandbox.commands.run(f"mkdir -m 1777 {workdir}/shared", user="root")
+    sandbox.files.make_dir(f"{workdir}/shared/a/b")
+    sandbox.files.write(f"{workdir}/shared/a/b/f", "x")
+    for sub in ("a", "a/b", "a/b/f"):
+        st = envd.host_path(f"{workdir}/shared/{sub}").stat()
+        assert (st.st_uid, st.st_gid) == (USER_UID, USER_UID), sub

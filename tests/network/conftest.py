@@ -1,5 +1,5 @@
 """Network test fixtures (shared with tests/runtime)."""
 
-from tests.network.fixtures import internet, nft_table_cleanup, pool
+from tests.network.fixtures import internet, lan, nft_table_cleanup, pool
 
-__all__ = ["internet", "nft_table_cleanup", "pool"]
+__all__ = ["internet", "lan", "nft_table_cleanup", "pool"]

@@ -15,7 +15,7 @@ import pytest
 
 from aenv.network import nft, slots
 from aenv.network.pool import NetConfig, SlotPool
-from tests.network.peers import InternetPeer
+from tests.network.peers import InternetPeer, LanPeer
 
 TEST_FIRST = 61_000
 TEST_LAST = 61_999
@@ -52,6 +52,17 @@ async def pool() -> AsyncIterator[SlotPool]:
 @pytest.fixture(scope="session")
 def internet() -> Iterator[InternetPeer]:
     peer = InternetPeer()
+    peer.start()
+    try:
+        yield peer
+    finally:
+        peer.stop()
+
+
+@pytest.fixture(scope="session")
+def lan() -> Iterator[LanPeer]:
+    """The node's LAN (started before any pool of the test reads the node's networks)."""
+    peer = LanPeer()
     peer.start()
     try:
         yield peer

@@ -1,9 +1,15 @@
 """Test peers for network tests: a netns that plays "the internet", and small helpers.
 
 Nothing here sends a packet to a real external or private address. "The internet" is a netns
-reached through a veth from the host with a TEST-NET-3 address (203.0.113.0/24, RFC 5737), and
-the one "private" address the tests use (10.255.255.2) is routed by a /32 host route into that
-same netns, so a broken isolation rule would deliver to our peer, never off the machine.
+behind a router: the host reaches the netns through a veth with a TEST-NET-3 link
+(203.0.113.0/30s, RFC 5737), and the echo server's address (a TEST-NET-2 /32, 198.51.100.128
+and up) is routed via the far end of that link, as the real internet is via a default gateway:
+the node denies the subnets on its interfaces and their gateways (node_nets.py), not what lies
+behind them. The one "private" address the tests use (10.255.255.2) is routed the same way into
+that netns, so a broken isolation rule would deliver to our peer, never off the machine.
+
+"The LAN" (``LanPeer``) is the other case: a netns on a subnet of the host's own
+(198.51.100.0/30s below .128, on no fixed list), which sandboxes must never reach.
 
 Names never match the slot patterns (``aenv-<n>``, ``aenv-h<n>``), so no sweeper takes them.
 """
@@ -59,7 +65,7 @@ def sh(*argv: str, check: bool = True, input: str | None = None) -> str:
 @dataclass
 class InternetPeer:
     """A netns with an echo server at ``ip:ECHO_PORT`` (and ``PRIVATE_IP``), routed via the
-    host like any destination a sandbox reaches through NAT."""
+    host and a router (``router_ip``) like any destination a sandbox reaches through NAT."""
 
     tag: int = field(default_factory=lambda: os.getpid() % 60)
     server: subprocess.Popen[str] | None = None
@@ -78,8 +84,14 @@ class InternetPeer:
         return f"203.0.113.{4 * self.tag + 1}"
 
     @property
-    def ip(self) -> str:
+    def router_ip(self) -> str:
+        """The far end of the host's link (a gateway of the node's: denied to sandboxes)."""
         return f"203.0.113.{4 * self.tag + 2}"
+
+    @property
+    def ip(self) -> str:
+        """The echo server's address, behind ``router_ip``."""
+        return f"198.51.100.{128 + self.tag}"
 
     def start(self) -> None:
         self.stop()  # leftovers of a crashed run with the same tag
@@ -97,13 +109,15 @@ class InternetPeer:
                 f"link add {self.host_ifname} type veth peer name eth0 netns {self.netns}",
                 f"addr add {self.host_ip}/30 dev {self.host_ifname}",
                 f"link set {self.host_ifname} up",
-                f"route add {PRIVATE_IP}/32 via {self.ip} dev {self.host_ifname}",
+                f"route add {self.ip}/32 via {self.router_ip} dev {self.host_ifname}",
+                f"route add {PRIVATE_IP}/32 via {self.router_ip} dev {self.host_ifname}",
             ]) + "\n",
         )
         sh(
             "ip", "-n", self.netns, "-batch", "-",
             input="\n".join([
-                f"addr add {self.ip}/30 dev eth0",
+                f"addr add {self.router_ip}/30 dev eth0",
+                f"addr add {self.ip}/32 dev eth0",
                 f"addr add {PRIVATE_IP}/32 dev eth0",
                 "link set eth0 up",
                 "link set lo up",
@@ -116,6 +130,72 @@ class InternetPeer:
         )
         assert self.server.stdout is not None
         assert self.server.stdout.readline().strip() == "ready"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.kill()
+            self.server.wait()
+            self.server = None
+        if Path(f"/sys/class/net/{self.host_ifname}").exists():
+            sh("ip", "link", "del", self.host_ifname, check=False)
+        if Path(f"/run/netns/{self.netns}").exists():
+            sh("ip", "netns", "del", self.netns, check=False)
+
+
+@dataclass
+class LanPeer:
+    """The node's LAN: a netns on a subnet of the host's own (``subnet``, host side
+    ``host_ip``), an echo server at ``ip:ECHO_PORT``. In no fixed range of nft.py."""
+
+    tag: int = field(default_factory=lambda: os.getpid() % 32)
+    server: subprocess.Popen[str] | None = None
+
+    @property
+    def netns(self) -> str:
+        return f"aenvtest-lan{self.tag}"
+
+    @property
+    def host_ifname(self) -> str:
+        return f"aenvtl{self.tag}"
+
+    @property
+    def subnet(self) -> str:
+        return f"198.51.100.{4 * self.tag}/30"
+
+    @property
+    def host_ip(self) -> str:
+        return f"198.51.100.{4 * self.tag + 1}"
+
+    @property
+    def ip(self) -> str:
+        return f"198.51.100.{4 * self.tag + 2}"
+
+    def start(self) -> None:
+        self.stop()
+        try:
+            sh("ip", "netns", "add", self.netns)
+            sh(
+                "ip", "-batch", "-",
+                input="\n".join([
+                    f"link add {self.host_ifname} type veth peer name eth0 netns {self.netns}",
+                    f"addr add {self.host_ip}/30 dev {self.host_ifname}",
+                    f"link set {self.host_ifname} up",
+                ]) + "\n",
+            )
+            sh(
+                "ip", "-n", self.netns, "-batch", "-",
+                input=f"addr add {self.ip}/30 dev eth0\nlink set eth0 up\nlink set lo up\n",
+            )
+            self.server = subprocess.Popen(
+                ["ip", "netns", "exec", self.netns, sys.executable, "-c", ECHO_SERVER,
+                 str(ECHO_PORT)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+            )
+            assert self.server.stdout is not None
+            assert self.server.stdout.readline().strip() == "ready"
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.server is not None:

@@ -4,9 +4,11 @@ the nft design works on its own). tests/runtime repeats the important cases thro
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import socket
 import sys
+import time
 
 import httpx
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from aenv.network import guest_http
 from aenv.network.base import EgressPolicy, NetSlot
 from aenv.network.pool import SlotPool
+from tests.network.fixtures import pool_config
 from tests.network.peers import (
     ECHO_PORT,
     HOLD,
@@ -22,6 +25,7 @@ from tests.network.peers import (
     PROBE,
     HostListener,
     InternetPeer,
+    LanPeer,
     host_primary_ip,
 )
 
@@ -134,3 +138,54 @@ async def test_internal_ranges_follow_the_policy_at_run_time(
     assert await probe(slot, private, public) == {private: "connected", public: "timeout"}
     await pool.set_egress(slot, EgressPolicy(deny_out=(internet.ip,)))
     assert await probe(slot, public) == {public: "timeout"}
+
+
+async def test_the_node_networks_are_unreachable_whatever_the_policy(
+    lan: LanPeer, internet: InternetPeer, pool: SlotPool
+) -> None:
+    """Issue 21 item 9: the node's LAN (in no fixed range), the host's address on it and the
+    node's gateways are dropped before the slot's policy is looked at; the internet behind the
+    gateway stays open."""
+    slot = await pool.acquire()
+    listener = HostListener()
+    lan_server, public = f"{lan.ip}:{ECHO_PORT}", f"{internet.ip}:{ECHO_PORT}"
+    lan_host = f"{lan.host_ip}:{listener.port}"
+    # The internet's router runs the echo server too: only the node's rule stands in the way.
+    router = f"{internet.router_ip}:{ECHO_PORT}"
+    try:
+        for policy in (
+            EgressPolicy(),
+            EgressPolicy(allow_out=(lan.subnet, internet.router_ip, lan.host_ip)),
+            EgressPolicy(allow_out=("0.0.0.0/0",)),
+            EgressPolicy(allow_internet=False, allow_out=(lan.subnet, internet.ip)),
+        ):
+            await pool.set_egress(slot, policy)
+            result = await probe(slot, lan_server, lan_host, router, public)
+            assert result == {
+                lan_server: "timeout", lan_host: "timeout", router: "timeout",
+                public: "connected",
+            }, policy
+        assert listener.accepted() == 0
+    finally:
+        listener.close()
+
+
+async def test_a_network_that_comes_up_later_is_denied_within_the_refresh() -> None:
+    pool = SlotPool(pool_config(node_nets_refresh_s=0.2))
+    await pool.start()
+    late = LanPeer(tag=(LanPeer().tag + 16) % 32)
+    try:
+        slot = await pool.acquire()
+        late.start()
+        started = time.monotonic()
+        target = f"{late.ip}:{ECHO_PORT}"
+        while (await probe(slot, target))[target] == "connected":
+            assert time.monotonic() - started < 5, "the new LAN stayed reachable"
+        late.stop()
+        gone = await pool.refresh_node_nets()
+        assert not any(ipaddress.ip_address(late.ip) in net for net in gone)
+    finally:
+        late.stop()
+        for leased in pool.leased():
+            await pool.release(leased)
+        await pool.close()

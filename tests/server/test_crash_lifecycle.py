@@ -68,6 +68,10 @@ class CrashableNode:
         os.environ.pop("E2B_DEBUG", None)
 
     @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
     def staging(self) -> Path:
         return self.home / "staging"
 

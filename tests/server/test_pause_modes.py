@@ -50,3 +50,25 @@ def test_a_pause_reports_its_mode_and_a_strict_one_needs_a_healthy_guest(
     info = _raw(server, "GET", f"/sandboxes/{sid}").json()
     assert info["pauseMode"] == "full" and info["envdUnresponsiveAtPause"] is True
     Sandbox.kill(sid)
+
+
+def test_a_timeout_pause_without_memory_keeps_only_the_files(server: NodeServer) -> None:
+    """E2B's ``lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}}``: the
+    pause at the end of the lifetime keeps the files, and the resume is a new boot (E2B's own
+    SDK test checks the boot id). It used to keep the memory: the same boot id came back."""
+    on_disk = server.env.get("AENV_WORKSPACE", "disk") == "disk"
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause",
+                                                              "keep_memory": False}})
+    boot_id = sbx.files.read("/proc/sys/kernel/random/boot_id")
+    sbx.files.write("/home/user/kept", "files survive")
+    deadline = time.monotonic() + 30
+    while sbx.get_info().state.value != "paused" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    info = _raw(server, "GET", f"/sandboxes/{sbx.sandbox_id}").json()
+    assert info["state"] == "paused", info
+    assert info["pauseMode"] == ("filesystem" if on_disk else "full")
+    resumed = Sandbox.connect(sbx.sandbox_id, timeout=60)
+    assert resumed.files.read("/home/user/kept") == "files survive"
+    if on_disk:
+        assert resumed.files.read("/proc/sys/kernel/random/boot_id") != boot_id
+    resumed.kill()

@@ -69,7 +69,8 @@ def test_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     clock: Clock = node.activity._clock
     asked: dict[str, bool] = {}
 
-    async def pause(node: Any, sandbox_id: str, *, unless: Callable[[], bool]) -> None:
+    async def pause(node: Any, sandbox_id: str, *, unless: Callable[[], bool],
+                    wait: float | None = None) -> None:
         asked[sandbox_id] = unless()
         if asked[sandbox_id]:
             raise Conflict("in use")
@@ -88,7 +89,8 @@ def test_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     clock.now += 3
 
     async def pause_after_traffic(node: Any, sandbox_id: str, *,
-                                  unless: Callable[[], bool]) -> None:
+                                  unless: Callable[[], bool], wait: float | None = None
+                                  ) -> None:
         node.activity.touch(sandbox_id)
         await pause(node, sandbox_id, unless=unless)
 

@@ -6,6 +6,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api import errors, templates
+from aenv.api.limits import BodyLimits, guard
 from aenv.api.routes import public, router
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
@@ -31,15 +32,16 @@ def build_api(node: Node, api_key: str) -> FastAPI:
 class NodeApp:
     """Dispatch on the E2B sandbox headers / host before any routing or auth."""
 
-    def __init__(self, api: ASGIApp, proxy: Proxy) -> None:
+    def __init__(self, api: ASGIApp, proxy: Proxy, limits: BodyLimits | None = None) -> None:
         self.api = api
         self.proxy = proxy
+        self.limits = limits or BodyLimits()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
             target = route(scope)
             if isinstance(target, Target):
-                await self.proxy(scope, receive, send, target)
+                await self._proxy(scope, receive, send, target)
                 return
             if isinstance(target, str):
                 if scope["type"] == "http":
@@ -51,6 +53,18 @@ class NodeApp:
                 running = await self.proxy.node.store.list([SandboxState.RUNNING])
                 signed = signed_files_target(scope, running)
                 if signed is not None:
-                    await self.proxy(scope, receive, send, signed)
+                    await self._proxy(scope, receive, send, signed)
                     return
-        await self.api(scope, receive, send)
+        if scope["type"] != "http":
+            await self.api(scope, receive, send)
+            return
+        await guard(lambda r, s: self.api(scope, r, s), scope, receive, send,
+                    limit=self.limits.for_api(scope), idle_s=self.limits.idle_s)
+
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
+        """To the sandbox; an HTTP body held to the proxy's limit (api/limits.py)."""
+        if scope["type"] != "http":
+            await self.proxy(scope, receive, send, target)
+            return
+        await guard(lambda r, s: self.proxy(scope, r, s, target), scope, receive, send,
+                    limit=self.limits.proxy, idle_s=None)

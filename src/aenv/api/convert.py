@@ -9,6 +9,7 @@ from aenv.api.schemas import Lifecycle, ListedSandbox, SandboxDetail, SandboxOut
 from aenv.core.settings import Settings
 from aenv.core.states import SandboxState
 from aenv.envd import ENVD_VERSION
+from aenv.orchestrator.liveness import Verdict
 from aenv.store.models import SandboxRecord
 
 
@@ -49,7 +50,9 @@ def listed(record: SandboxRecord) -> ListedSandbox:
     )
 
 
-def detail(record: SandboxRecord, settings: Settings) -> SandboxDetail:
+def detail(record: SandboxRecord, settings: Settings,
+           unresponsive: Verdict | None = None) -> SandboxDetail:
+    """``unresponsive``: the liveness verdict on its envd, if any (``node.liveness``)."""
     return SandboxDetail(
         **listed(record).model_dump(),
         envdAccessToken=record.envd_token,
@@ -60,7 +63,16 @@ def detail(record: SandboxRecord, settings: Settings) -> SandboxDetail:
             onTimeout="pause" if record.auto_pause else "kill", autoResume=record.auto_resume
         ),
         **_paused_fields(record),
+        **unresponsive_fields(unresponsive),
     )
+
+
+def unresponsive_fields(verdict: Verdict | None) -> dict[str, Any]:
+    """``SandboxDetail``'s envd-liveness fields (none while envd answers)."""
+    if verdict is None:
+        return {}
+    return {"envdUnresponsive": True, "envdUnresponsiveReason": verdict.reason,
+            "envdUnresponsiveSince": iso(verdict.since)}
 
 
 def _paused_fields(record: SandboxRecord) -> dict[str, Any]:

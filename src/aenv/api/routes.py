@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from aenv.api import idempotency, listing
 from aenv.api.auth import require_api_key
 from aenv.api.convert import detail, iso, listed, sandbox_out
+from aenv.api.limits import check_sandbox_inputs
 from aenv.api.node import NodeDep, node_of
 from aenv.api.schemas import (
     ConnectBody,
@@ -19,6 +20,7 @@ from aenv.api.schemas import (
     ForkBody,
     ForkEntry,
     GcOut,
+    LifecycleNow,
     ListedSandbox,
     NetworkUpdate,
     NewSandbox,
@@ -82,6 +84,7 @@ async def _create(node: Node, body: NewSandbox) -> SandboxOut:
             f"timeout {timeout}s exceeds the maximum of {node.settings.max_timeout_s}s"
         )
     idle.check_metadata(body.metadata)
+    check_sandbox_inputs(node.settings, body.metadata, body.env_vars)
     params = create_op.CreateParams(
         template=body.template_id,
         timeout_s=timeout,
@@ -89,6 +92,7 @@ async def _create(node: Node, body: NewSandbox) -> SandboxOut:
         env_vars=body.env_vars or {},
         auto_pause=node.settings.auto_pause_default if body.auto_pause is None
         else body.auto_pause,
+        auto_pause_memory=body.auto_pause_memory is not False,
         auto_resume=bool(body.auto_resume and body.auto_resume.enabled),
         allow_internet_access=body.allow_internet_access,
         network=body.network,
@@ -163,7 +167,13 @@ async def get_sandbox(sandbox_id: str, node: NodeDep) -> SandboxDetail:
     if record.state in (SandboxState.CREATING, SandboxState.KILLING):
         why = f": {record.last_error}" if record.last_error else ""  # e.g. it died
         raise NotFound(f"sandbox {sandbox_id} not found{why}")
-    return detail(record, node.settings)
+    out = detail(record, node.settings, node.liveness.verdict(record.sandbox_id))
+    held = node.owners.operation(record.sandbox_id)
+    out.aenv = LifecycleNow(
+        state=str(record.state), operation=held[0] if held else None,
+        operationSince=iso(held[1]) if held else None,
+        lastError=node.owners.last_error(record.sandbox_id) or record.last_error)
+    return out
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)

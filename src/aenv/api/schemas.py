@@ -111,7 +111,21 @@ class ListedSandbox(BaseModel):
     metadata: dict[str, str] | None = None
 
 
+class LifecycleNow(BaseModel):
+    """aenv's own (the SDKs ignore it): the lifecycle state as the node holds it, which
+    E2B's ``state`` (only running or paused) cannot say."""
+
+    #: ``core/states.py``: running, pausing, paused, resuming, snapshotting, forking.
+    state: str
+    #: The operation holding the sandbox now (``orchestrator/owners.py``), since when.
+    operation: str | None = None
+    operationSince: str | None = None
+    #: The last operation on it that failed or was cut short, and why.
+    lastError: str | None = None
+
+
 class SandboxDetail(ListedSandbox):
+    aenv: LifecycleNow | None = None
     envdAccessToken: str | None = None
     domain: str | None = None
     allowInternetAccess: bool | None = None
@@ -122,6 +136,11 @@ class SandboxDetail(ListedSandbox):
     pauseMode: Literal["full", "filesystem"] | None = None
     #: Paused sandboxes whose envd did not answer when the pause was asked for.
     envdUnresponsiveAtPause: bool | None = None
+    #: aenv's own (the SDKs ignore it): a running sandbox whose envd does not answer now
+    #: (``orchestrator/liveness.py``), why, and since when; absent while it answers.
+    envdUnresponsive: bool | None = None
+    envdUnresponsiveReason: str | None = None
+    envdUnresponsiveSince: str | None = None
 
 
 class SandboxMetric(BaseModel):

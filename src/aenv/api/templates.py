@@ -24,6 +24,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from aenv.api.auth import require_api_key
 from aenv.api.convert import sandbox_out
+from aenv.api.limits import check_sandbox_inputs
 from aenv.api.node import NodeDep
 from aenv.api.schemas import SandboxOut
 from aenv.api.template_schemas import (
@@ -370,6 +371,7 @@ async def create_cold(body: ColdSandbox, node: NodeDep) -> SandboxOut:
     if timeout > node.settings.max_timeout_s:
         raise InvalidArgument(
             f"timeout {timeout}s exceeds the maximum of {node.settings.max_timeout_s}s")
+    check_sandbox_inputs(node.settings, body.metadata, body.env_vars)
     params = CreateParams(
         template=body.image, timeout_s=timeout, metadata=body.metadata or {},
         env_vars=body.env_vars or {},

@@ -154,8 +154,22 @@ class Settings(BaseSettings):
     memory only: a restarted node has forgotten every key (``api/idempotency.py``)."""
 
     transition_wait_s: float = Field(default=30.0, gt=0)
-    """How long a resume or connect waits for another operation on the same sandbox (a pause
-    being written to disk, a snapshot) before answering 409."""
+    """How long an operation on a sandbox (resume, connect, pause, snapshot, fork, a network
+    update) waits for its turn while another operation holds the sandbox (a pause being
+    written to disk, a snapshot) before answering 409."""
+
+    operation_deadline_s: float = Field(default=300.0, gt=0)
+    """The longest any one lifecycle operation on a sandbox (pause, spill, resume, snapshot,
+    fork, move) may take; past it the operation is cancelled (504), and the sandbox is put
+    back running or paused (docs/lifecycle.md, *The lifecycle model*)."""
+
+    kill_answer_s: float = Field(default=4.0, gt=0)
+    """A kill answers once the sandbox is torn down, or after this many seconds while the
+    teardown goes on in the background (the sandbox is gone for clients either way)."""
+
+    kill_deadline_s: float = Field(default=120.0, gt=0)
+    """The longest a kill's teardown may take; a teardown past it is retried by the TTL
+    loop."""
 
     net_first_index: int = Field(default=1, ge=1, le=65_000)
     """First network slot index this node may use (slots are named ``aenv-<index>``; give
@@ -206,6 +220,63 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=10 << 30, gt=0)
     """Largest build-file upload (a COPY step's archive or a Dockerfile build context)."""
 
+    max_body_bytes: int = Field(default=4 << 20, gt=0)
+    """Largest request body of the node's own API (and of the gateway's control plane): a
+    larger ``Content-Length`` is answered 413 before the body is read, a chunked body 413 as
+    soon as it passes the limit (docs/limits.md). Build-file uploads have
+    ``max_upload_bytes``; sandbox traffic ``proxy_max_body_bytes``."""
+
+    proxy_max_body_bytes: int = Field(default=0, ge=0)
+    """Largest request body passed to a sandbox port (envd's ``/files`` uploads included), in
+    bytes; 0: unbounded. The proxy streams bodies to the guest as they arrive, so the node
+    holds at most ~64 KiB of one at a time whatever its size."""
+
+    max_header_bytes: int = Field(default=65_536, ge=1024)
+    """Largest request head (request line and headers); larger is answered 431."""
+
+    header_read_timeout_s: float = Field(default=15.0, gt=0)
+    """A request head (or a new connection's first request) must arrive within this long;
+    otherwise the connection is closed (a slow-loris client cannot hold it)."""
+
+    body_idle_timeout_s: float = Field(default=60.0, gt=0)
+    """The node's API answers 408 when a request body stops arriving for this long (sandbox
+    traffic is exempt: a Connect client stream may be quiet for as long as it likes)."""
+
+    idle_timeout_s: int = Field(default=75, ge=1)
+    """A kept-alive connection with no request for this long is closed."""
+
+    max_slow_connections_per_client: int = Field(default=128, ge=1)
+    """Connections one client address may have waiting for their request head at once; a
+    connection past it is answered 429 and closed, so one client's slow connections cannot
+    starve the others. Connections with a request under way or idle between requests do not
+    count."""
+
+    max_metadata_keys: int = Field(default=100, ge=0)
+    """Most metadata keys a sandbox may carry (create; 400 past it)."""
+
+    max_metadata_key_bytes: int = Field(default=256, ge=1)
+    """Longest metadata key, UTF-8 bytes."""
+
+    max_metadata_value_bytes: int = Field(default=4096, ge=1)
+    """Longest metadata value, UTF-8 bytes."""
+
+    max_metadata_bytes: int = Field(default=65_536, ge=1)
+    """Most bytes of a sandbox's metadata, keys and values together."""
+
+    max_env_vars: int = Field(default=1000, ge=0)
+    """Most environment variables a create may set."""
+
+    max_env_var_name_bytes: int = Field(default=1024, ge=1)
+    """Longest environment variable name, UTF-8 bytes."""
+
+    max_env_var_value_bytes: int = Field(default=131_071, ge=1)
+    """Longest environment variable value (Linux refuses to exec with a ``NAME=value``
+    string over 128 KiB: ``MAX_ARG_STRLEN``)."""
+
+    max_env_vars_bytes: int = Field(default=1 << 20, ge=1)
+    """Most bytes of a create's environment variables, names and values together (under
+    Linux's 2 MiB for a process's arguments and environment together)."""
+
     build_step_timeout_s: float = Field(default=3600.0, gt=0)
     """How long one RUN step of a template build may take."""
 
@@ -238,6 +309,17 @@ class Settings(BaseSettings):
     pool is really free. 1: a full pool is impossible, at one full disk per sandbox. Between,
     and unset, sandboxes that all fill their disks at once can fill the pool, and their next
     writes fail with I/O errors (docs/workspaces.md)."""
+
+    host_disk_watermark_percent: float = Field(default=90.0, gt=0, le=100)
+    """Disk workspaces: above this usage (``df``'s ``Use%``) of the host file system holding
+    the workspace pool (the home's, for a pool image), creates, resumes, forks, snapshots and
+    disk growths are refused with 429 and ``Retry-After``, so the sandboxes already running
+    keep the rest to write into. 100: never refused (docs/workspaces.md)."""
+
+    workspace_trim_interval_s: float = Field(default=5.0, ge=0)
+    """Disk workspaces on a pool image: how often the image is checked for blocks freed in the
+    pool (deleted files and images) that the host has not got back yet, and trimmed if so.
+    0: trimmed only after a kill or pause; XFS then returns the rest within ~30 s by itself."""
 
     repository: str | None = None
     """Where snapshots, templates and paused sandboxes are kept, shared by every node that

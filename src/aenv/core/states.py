@@ -1,12 +1,22 @@
 """The sandbox lifecycle: states and the one table of allowed transitions.
 
-E2B clients only ever see ``running`` or ``paused``; the transitional states exist so that two
-concurrent operations on one sandbox cannot interleave (compare-and-set in the store)::
+E2B clients only ever see ``running`` or ``paused``; the transitional states say which
+operation holds the sandbox (info reports them as ``aenv.state``)::
 
     creating ──► running ──► pausing ──► paused ──► resuming ──► running
-                   │  ▲
-                   │  └── snapshotting / forking (source resumes in place)
-                   └──► killing ──► (gone)
+                   │  ▲                    │ ▲
+                   │  │                    └─┘ a frozen sandbox written to disk (spill)
+                   │  └── snapshotting / forking (the source runs on in place)
+                   └──► killing ──► (gone)        ◄── from every state: kill always wins
+
+Who holds a transitional state (``orchestrator/owners.py``): exactly one owned task, the
+sandbox's operation; operations on one sandbox take turns. Who may preempt whom: a kill
+preempts every operation (it cancels it, writes ``killing`` and tears down once the
+operation has unwound); nothing preempts a kill; a death of the runtime is a kill. Every
+other operation waits for its turn (or, in the background, skips the sandbox). An operation
+that ends — done, failed, past its deadline or cancelled — never leaves its transitional
+state behind: the owner settles the sandbox from what the runtime and the disk show
+(``orchestrator/settle.py``): ``running``, ``paused``, or gone with its reason.
 """
 
 from __future__ import annotations
@@ -50,10 +60,10 @@ TRANSITIONS: dict[tuple[SandboxState, SandboxState], str] = {
     (S.FORKING, S.RUNNING): "children started (or failed); the source runs on",
     (S.PAUSED, S.PAUSING): "a frozen sandbox's memory is written to disk",
     (S.KILLING, S.KILLING): "a kill retried after a crash",
-    (S.PAUSING, S.KILLING): "found dead after a restart, with no memory image to resume",
-    (S.RESUMING, S.KILLING): "found dead after a restart, with no memory image to resume",
-    (S.SNAPSHOTTING, S.KILLING): "found dead after a restart",
-    (S.FORKING, S.KILLING): "found dead after a restart",
+    (S.PAUSING, S.KILLING): "a kill preempts the pause; or found dead, with no memory image",
+    (S.RESUMING, S.KILLING): "a kill preempts the resume; or found dead, with no image",
+    (S.SNAPSHOTTING, S.KILLING): "a kill preempts the snapshot; or found dead",
+    (S.FORKING, S.KILLING): "a kill preempts the fork; or found dead",
 }
 
 

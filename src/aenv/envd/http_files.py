@@ -26,6 +26,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from aenv.core.errors import AenvError, InvalidArgument, NotFound
+from aenv.envd.filesystem.creds import as_user
 from aenv.envd.filesystem.entry import (
     os_failure,
 )
@@ -69,7 +70,7 @@ async def download(request: Request) -> Response:
         check_file_access(state, "read", request.headers, request.query_params)
         user = _user(request, state)
         path = resolve_path(request.query_params.get("path", ""), user, state.default_workdir)
-        fd, st = await asyncio.to_thread(_open_for_read, path)
+        fd, st = await as_user(user, _open_for_read, path)
     except AenvError as exc:
         return _rendered(exc)
     try:
@@ -80,7 +81,12 @@ async def download(request: Request) -> Response:
 
 
 def _open_for_read(path: str) -> tuple[int, os.stat_result]:
-    """On failure: :class:`NotFound`, or :class:`InvalidArgument` for anything but a file."""
+    """Open ``path`` for reading; run as the requesting user, so the open is their permission
+    check, through every symlink.
+
+    On failure: :class:`NotFound`, :class:`PermissionDenied`, or :class:`InvalidArgument` for
+    anything but a file.
+    """
     try:
         st = os.stat(path)
     except OSError as exc:

@@ -21,6 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from aenv.core.errors import AenvError, InvalidArgument
+from aenv.envd.filesystem.creds import as_user
 from aenv.envd.filesystem.entry import (
     create_or_truncate,
     ensure_dirs,
@@ -120,8 +121,8 @@ async def _decoded_body(request: Request) -> AsyncIterator[bytes]:
 class _Sink:
     """One destination file being written, buffered into ``CHUNK``-sized thread-side writes."""
 
-    def __init__(self, path: str, fd: int) -> None:
-        self.path, self.fd = path, fd
+    def __init__(self, path: str, fd: int, user: User) -> None:
+        self.path, self.fd, self.user = path, fd, user
         self.buffer = bytearray()
 
     async def write(self, data: bytes) -> None:
@@ -136,7 +137,8 @@ class _Sink:
 
     async def finish(self, metadata: dict[str, str]) -> None:
         await self.flush()
-        await asyncio.to_thread(write_metadata, self.fd, metadata)
+        # As the user: setting xattrs is a permission check of its own.
+        await as_user(self.user, write_metadata, self.fd, metadata, self.path)
         self.close()
 
     def close(self) -> None:
@@ -253,13 +255,15 @@ class _Upload:
                 f"you cannot upload multiple files to the same path '{path}' in one upload "
                 "request, only the first specified file was uploaded"
             )
-        uid, gid = self.user.uid, self.user.gid
-        created = await asyncio.to_thread(ensure_dirs, posixpath.dirname(path), uid, gid)
+        user = self.user
+        # As the user: what they may not create or open is refused (403), through symlinks
+        # and ``..`` alike, and what they create is theirs.
+        created = await as_user(user, ensure_dirs, posixpath.dirname(path), user.uid, user.gid)
         if created:
             # Recursive watchers must watch the new directories before the file appears.
             self.watchers.pump_all()
-        fd = await asyncio.to_thread(create_or_truncate, path, uid, gid)
-        return _Sink(path, fd)
+        fd = await as_user(user, create_or_truncate, path, user.uid, user.gid)
+        return _Sink(path, fd, user)
 
     async def _finish(self, sink: _Sink) -> None:
         await sink.finish(self.metadata)

@@ -41,7 +41,8 @@ class EgressPolicy:
     """What a sandbox may reach outside the node (changeable while it runs).
 
     Evaluated per packet, first match wins: never-reachable ranges (loopback, link-local and
-    cloud metadata, multicast, other sandboxes, the node itself) → ``allow_out`` → ``deny_out``
+    cloud metadata, multicast, other sandboxes, the node itself, and the node's own networks:
+    its addresses, the subnets on its interfaces and their gateways) → ``allow_out`` → ``deny_out``
     → ``allow_internet`` → the node's internal ranges (RFC 1918, CGNAT …) → allowed.
     Entries are IPv4 addresses or CIDRs; sandboxes have no IPv6 egress.
     """

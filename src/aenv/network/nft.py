@@ -27,9 +27,11 @@ Isolation: a guest reaches nothing on the host but replies to the host's own con
 guest reaches another (forward between veths is dropped; other slots' return addresses are in
 ``never``); nothing outside may open a connection to a guest; guests have no IPv6 and cannot
 spoof their source. Egress: ``never`` (loopback, link-local incl. 169.254.169.254, multicast,
-the return range) is dropped whatever the policy; then the slot's own chain ``slot_<n>``
-(EgressPolicy, replaceable at run time) decides; a slot without a chain reaches nothing. Allowed
-traffic leaves masqueraded on whatever interface the host routes it to.
+the return range) and ``node_nets`` (the node's own addresses, subnets and gateways, read from
+its routes by node_nets.py and kept current by pool.py) are dropped whatever the policy; then
+the slot's own chain ``slot_<n>`` (EgressPolicy, replaceable at run time) decides; a slot
+without a chain reaches nothing. Allowed traffic leaves masqueraded on whatever interface the
+host routes it to.
 
 Owns: the ``inet aenv`` table. Must not touch: any other table or chain; sysctls and links
 (slots.py). Writes are atomic nft transactions; per-slot scripts are idempotent (nft 1.0.6 has
@@ -96,6 +98,7 @@ def render_table(*, return_net: str = RETURN_NET, internal: Iterable[str] = INTE
     map egress_of_if {{ type ifname : verdict; }}
     {_interval_set("never", [*NEVER, return_net])}
     {_interval_set("internal", internal)}
+    set node_nets {{ type ipv4_addr; flags interval; }}
 
     chain guest_raw {{
         type filter hook prerouting priority raw; policy accept;
@@ -146,6 +149,7 @@ def render_table(*, return_net: str = RETURN_NET, internal: Iterable[str] = INTE
     }}
     chain from_guest {{
         ip daddr @never drop
+        ip daddr @node_nets drop
         iifname vmap @egress_of_if
         drop
     }}
@@ -161,6 +165,16 @@ def render_table(*, return_net: str = RETURN_NET, internal: Iterable[str] = INTE
 def digest_of(ruleset: str) -> str:
     start = ruleset.index('comment "aenv ') + len('comment "aenv ')
     return ruleset[start : ruleset.index('"', start)]
+
+
+def node_nets_script(nets: Iterable[ipaddress.IPv4Network]) -> str:
+    """Commands that replace the contents of ``node_nets`` with ``nets``, atomically (a packet
+    sees the old set or the new one, never an empty one in between)."""
+    lines = [f"flush set {QUALIFIED} node_nets"]
+    collapsed = ", ".join(str(n) for n in ipaddress.collapse_addresses(nets))
+    if collapsed:
+        lines.append(f"add element {QUALIFIED} node_nets {{ {collapsed} }}")
+    return "\n".join(lines) + "\n"
 
 
 def policy_rules(policy: EgressPolicy) -> list[str]:

@@ -1,7 +1,10 @@
 """A pool of prepared network slots, so creating a sandbox does not pay for slot setup.
 
 The pool keeps between ``low`` and ``high`` slots ready (netns, veth, routes and nft entries
-with the default egress policy), refilled by one background task it owns. A slot is used by
+with the default egress policy), refilled by one background task it owns. A second task keeps
+the table's ``node_nets`` set (node_nets.py) current: read at start, before any slot is handed
+out, then every ``node_nets_refresh_s`` (a LAN, VPN or bridge that comes up later is denied
+within that time). A slot is used by
 one sandbox and then destroyed: runsc moves the guest address into its netstack, so a used
 netns is not worth recycling, and a fresh one carries no state of the previous sandbox.
 
@@ -26,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from aenv.core.errors import AenvError, Internal, InvalidArgument, NotFound, ResourceExhausted
-from aenv.network import nft, slots
+from aenv.network import nft, node_nets, slots
 from aenv.network.base import EgressPolicy, NetSlot
 
 log = logging.getLogger("aenv.network")
@@ -35,6 +38,9 @@ log = logging.getLogger("aenv.network")
 #: broken host (no nft, RTNL stuck) is not hammered.
 REFILL_BACKOFF_S = 0.5
 REFILL_BACKOFF_MAX_S = 30.0
+#: Every this many refreshes the set is written even when unchanged: another process (a test
+#: session, another aenv version) may have recreated the table with the set empty.
+NODE_NETS_REWRITE_EVERY = 12
 
 
 @dataclass(frozen=True)
@@ -55,10 +61,14 @@ class NetConfig:
     internal: tuple[str, ...] = nft.INTERNAL
     #: Egress policy of a slot nobody asked otherwise for.
     default_egress: EgressPolicy = field(default_factory=EgressPolicy)
+    #: How often the node's own networks are read again (node_nets.py).
+    node_nets_refresh_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.low <= self.high:
             raise InvalidArgument("need 0 <= low <= high for the slot pool")
+        if self.node_nets_refresh_s <= 0:
+            raise InvalidArgument("node_nets_refresh_s must be positive")
         if not slots.MIN_INDEX <= self.first_index <= self.last_index <= slots.MAX_INDEX:
             raise InvalidArgument(f"slot indices must lie in {slots.MIN_INDEX}..{slots.MAX_INDEX}")
         slots.return_address(self.last_index, self.return_net)  # raises if it does not fit
@@ -82,6 +92,9 @@ class SlotPool:
         self._next_index = self.config.first_index
         self._wake = asyncio.Event()
         self._refill_task: asyncio.Task[None] | None = None
+        self._node_nets_task: asyncio.Task[None] | None = None
+        #: What this pool last wrote into ``node_nets`` (None: nothing yet).
+        self._node_nets: tuple[node_nets.Network, ...] | None = None
         self._table_fresh = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -90,18 +103,24 @@ class SlotPool:
         """Prepare the host and start refilling.
 
         Prerequisites: root; ``ip`` and ``nft`` installed.
-        On success: IPv4 forwarding is on, the nft table exists and is current, the refill task
-        runs and fills the pool up to ``high``. Slots already on the machine are left alone
-        (``adopt`` or ``sweep`` them next).
+        On success: IPv4 forwarding is on, the nft table exists and is current, its
+        ``node_nets`` set holds the node's networks, the refill task runs and fills the pool
+        up to ``high``, the refresh task keeps ``node_nets`` current. Slots already on the
+        machine are left alone (``adopt`` or ``sweep`` them next).
         On failure: raises ``Internal``; nothing runs.
         """
         slots.ensure_forwarding()
         self._table_fresh = await nft.ensure_table(self._ruleset)
+        await self.refresh_node_nets(force=True)
         # Leftovers are blocked before the refill starts, table-only ones (a netns deleted by
         # hand, its nft entries kept) included: a refill that took one would lose it to sweep.
         self._blocked |= {i for i in await self._found() if self._in_range(i)}
         if self._refill_task is None:
             self._refill_task = asyncio.create_task(self._refill_loop(), name="aenv-slot-refill")
+        if self._node_nets_task is None:
+            self._node_nets_task = asyncio.create_task(
+                self._node_nets_loop(), name="aenv-node-nets"
+            )
         self._wake.set()
 
     async def close(self) -> None:
@@ -110,8 +129,9 @@ class SlotPool:
         Leased slots stay: their sandboxes outlive the server process and are adopted by the
         next one.
         """
-        task, self._refill_task = self._refill_task, None
-        if task is not None:
+        tasks = [t for t in (self._refill_task, self._node_nets_task) if t is not None]
+        self._refill_task = self._node_nets_task = None
+        for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -225,6 +245,23 @@ class SlotPool:
             raise Internal("could not sweep network slots " + "; ".join(failed))
         return stale
 
+    async def refresh_node_nets(self, *, force: bool = False) -> tuple[node_nets.Network, ...]:
+        """Read the node's networks and write them into the table's ``node_nets`` set.
+
+        On success: returns the networks; the set holds them (written only when they changed
+        since this pool's last write, or ``force``).
+        On failure: raises ``Internal``; the set keeps what it held (fail closed: networks the
+        node no longer has stay denied).
+        """
+        nets = await node_nets.read()
+        if force or nets != self._node_nets:
+            await self._apply(nft.node_nets_script(nets))
+            if nets != self._node_nets:
+                log.info("node networks denied to sandboxes: %s",
+                         ", ".join(str(n) for n in nets) or "none")
+            self._node_nets = nets
+        return nets
+
     # ---------------------------------------------------------------- introspection
 
     @property
@@ -296,6 +333,9 @@ class SlotPool:
             if await nft.read_table() is not None:
                 raise
             self._table_fresh = await nft.ensure_table(self._ruleset)
+            if self._node_nets is not None:
+                # The new table's set is empty: fill it in the same breath, not a refresh later.
+                await nft.apply(nft.node_nets_script(self._node_nets))
             await nft.apply(script)
 
     async def _destroy(self, index: int) -> None:
@@ -323,3 +363,13 @@ class SlotPool:
                     log.warning("could not prepare a network slot: %s", exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, REFILL_BACKOFF_MAX_S)
+
+    async def _node_nets_loop(self) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(self.config.node_nets_refresh_s)
+            ticks += 1
+            try:
+                await self.refresh_node_nets(force=ticks % NODE_NETS_REWRITE_EVERY == 0)
+            except Exception as exc:
+                log.warning("could not refresh the node's networks: %s", exc)

@@ -20,6 +20,8 @@ from aenv.orchestrator.deps import (
     Template,
     TemplateCatalog,
 )
+from aenv.orchestrator.liveness import Liveness
+from aenv.orchestrator.owners import Owners
 from aenv.runtime.base import Runtime
 from aenv.storage.images import ImageStore
 from aenv.storage.layers import LayerStore
@@ -100,6 +102,8 @@ class Node:
     #: Memory images of sandboxes paused to disk, ``<paused_dir>/<sandbox_id>``.
     paused_dir: Path
     streams: StreamRegistry = field(default_factory=StreamRegistry)
+    #: One owner per sandbox: its operations take turns, and a kill wins (``owners.py``).
+    owners: Owners = field(default_factory=Owners)
     #: Bounds the creates starting sandboxes at once and waiting (``admission.py``).
     admission: Admission = field(default_factory=Admission.unlimited)
     #: Last traffic per sandbox (proxy and API), for the idle auto-pause.
@@ -129,3 +133,6 @@ class Node:
     #: Set by a drain (``ops/drain.py``): the node's heartbeats say ``draining``, so the
     #: cluster places nothing more here.
     draining: bool = False
+    #: Sandboxes whose envd does not answer (``liveness.py``): shown in info, and the proxy
+    #: fails their envd requests at once.
+    liveness: Liveness = field(default_factory=Liveness)

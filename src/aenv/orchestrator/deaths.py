@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 
-from aenv.core.errors import AenvError, Conflict
+from aenv.core.errors import AenvError
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode, frozen
@@ -124,25 +124,18 @@ class DeathWatch:
 
     async def _exited(self, instance: Instance, exit: Exit) -> None:
         sid = instance.sandbox_id
-        while True:
-            record = await self.node.store.get(sid)
-            if record is None:
-                return
-            live = _watched(record)
-            if live is None or live.pid != instance.pid:
-                return  # destroyed on purpose (kill, spill) or replaced (restored)
-            try:
-                record = await self.node.store.update(
-                    record, state=SandboxState.KILLING, last_error=exit.message
-                )
-                break
-            except Conflict:
-                continue  # changed under us: look again
-        # Proxied streams to a dead guest would hang until their client's timeout.
-        aborted = self.node.streams.abort(sid)
-        log.warning("sandbox %s died: %s (%d open streams ended)", sid, exit.message, aborted)
+        record = await self.node.store.get(sid)
+        if record is None:
+            return
+        live = _watched(record)
+        if live is None or live.pid != instance.pid:
+            return  # destroyed on purpose (kill, spill) or replaced (restored)
+        # Proxied streams to a dead guest would hang until their client's timeout; the kill
+        # aborts them first thing, and preempts whatever operation holds the sandbox.
+        log.warning("sandbox %s died: %s (%d open streams)", sid, exit.message,
+                    self.node.streams.count(sid))
         with contextlib.suppress(Exception):
             await self.node.store.add_event(
                 sid, DIED_EVENT, {"cause": exit.cause, "message": exit.message}
             )
-        await kill(self.node, sid)
+        await kill(self.node, sid, reason=exit.message)

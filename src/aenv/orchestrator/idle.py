@@ -19,7 +19,6 @@ while the pause takes the record gives it back running (``pause(..., unless=...)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from aenv.core.errors import AenvError, Conflict, InvalidArgument
@@ -94,7 +93,7 @@ async def _pause_idle(node: Node, sandbox_id: str, limit: int) -> bool:
         return idle is None or idle < limit or node.streams.count(sandbox_id) > 0
 
     try:
-        await pause(node, sandbox_id, unless=busy)
+        await pause(node, sandbox_id, unless=busy, wait=0)
     except Conflict:
         return False  # traffic came, or another operation holds it: not idle after all
     log.info("idle-paused %s: no traffic for %d s", sandbox_id, limit)
@@ -102,7 +101,12 @@ async def _pause_idle(node: Node, sandbox_id: str, limit: int) -> bool:
 
 
 async def run_idle_loop(node: Node) -> None:
+    failures = 0
     while True:
-        with contextlib.suppress(Exception):
+        try:
             await pause_idle_once(node)
-        await asyncio.sleep(node.settings.idle_check_interval_s)
+            failures = 0
+        except Exception:
+            failures += 1
+            log.exception("the idle pass failed (%d in a row)", failures)
+        await asyncio.sleep(min(node.settings.idle_check_interval_s * 2 ** failures, 30.0))

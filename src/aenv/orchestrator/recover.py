@@ -229,11 +229,11 @@ async def recover(node: Node) -> Plan:
     for sandbox_id, action in todo.actions.items():
         record = by_id[sandbox_id]
         try:
-            await _apply(node, record, action, live.get(sandbox_id))
+            await apply(node, record, action, live.get(sandbox_id))
         except Exception as exc:
             log.exception("could not recover %s (%s)", sandbox_id, action.value)
             failed[sandbox_id] = f"recovery failed ({action.value}): {_reason(exc)}"
-            await _give_up(node, sandbox_id, live.get(sandbox_id), failed[sandbox_id])
+            await give_up(node, sandbox_id, live.get(sandbox_id), failed[sandbox_id])
     for orphan in todo.orphans:
         log.info("destroying orphan runtime sandbox %s", orphan.runtime_id)
         try:
@@ -258,7 +258,7 @@ def _reason(exc: BaseException) -> str:
     return getattr(exc, "message", None) or str(exc) or type(exc).__name__
 
 
-async def _give_up(node: Node, sandbox_id: str, observed: Observed | None, reason: str) -> None:
+async def give_up(node: Node, sandbox_id: str, observed: Observed | None, reason: str) -> None:
     """Release everything of a sandbox recovery could not restore; never raises.
 
     The record goes to ``killing`` with ``reason`` in ``last_error`` first, so a crash during
@@ -291,11 +291,13 @@ async def _give_up(node: Node, sandbox_id: str, observed: Observed | None, reaso
                       sandbox_id, reason)
 
 
-async def _apply(node: Node, record: SandboxRecord, action: Action,
-                 observed: Observed | None) -> None:
+async def apply(node: Node, record: SandboxRecord, action: Action,
+                 observed: Observed | None, *, live: bool = False) -> None:
+    """``live``: on a serving node (``settle.py``), whose pool leases the slot already and
+    whose spiller writes a sandbox to disk (the caller holds the sandbox's turn)."""
     sid = record.sandbox_id
     if action == Action.TEARDOWN and (why := unreadable(record)) is not None:
-        await _give_up(node, sid, observed, why)  # nothing of it can be trusted: by id
+        await give_up(node, sid, observed, why)  # nothing of it can be trusted: by id
         return
     slot, instance = decode(record.instance, sid)
     if action == Action.TEARDOWN:
@@ -311,7 +313,7 @@ async def _apply(node: Node, record: SandboxRecord, action: Action,
     if action in (Action.RUNNING, Action.FROZEN, Action.SPILL):
         if instance is None and observed is not None and slot is not None:
             instance = Instance(sid, observed.runtime_id, observed.pid, slot)
-        if slot is not None:
+        if slot is not None and not live:
             await node.pool.adopt(slot, policy_from(record.allow_internet_access,
                                                     record.network))
         await node.rootfs.ensure_mounted(sid)
@@ -337,6 +339,9 @@ async def _apply(node: Node, record: SandboxRecord, action: Action,
                     record = await node.store.update(record, state=S.PAUSING)
             if record.state != S.PAUSED or data != (record.instance or {}):
                 await node.store.update(record, state=S.PAUSED, instance=data)
+            if action == Action.SPILL and live and node.spiller is not None:
+                node.spiller.schedule(sid, delay=0.0)
+                return
             if action == Action.SPILL:
                 log.info("sandbox %s was cut short in a pause or resume: writing it to disk",
                          sid)

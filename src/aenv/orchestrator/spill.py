@@ -13,14 +13,18 @@ import contextlib
 import logging
 import time
 
-from aenv.core.errors import AenvError
+from aenv.core.errors import AenvError, Conflict, NotFound
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops.pause import spill
 
 log = logging.getLogger("aenv.orchestrator.spill")
 
-#: After a failed spill, try that sandbox again this much later.
-RETRY_S = 30.0
+#: After a failed spill, that sandbox is tried again this much later, doubling per failure
+#: up to ``RETRY_MAX_S``; a spill skipped because another operation held the sandbox is tried
+#: again after ``BUSY_RETRY_S``.
+RETRY_S = 2.0
+RETRY_MAX_S = 60.0
+BUSY_RETRY_S = 1.0
 
 
 class Spiller:
@@ -31,6 +35,8 @@ class Spiller:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[object]] = set()
+        #: sandbox id → failed spills in a row (for the backoff).
+        self._failures: dict[str, int] = {}
 
     def schedule(self, sandbox_id: str, *, delay: float | None = None) -> None:
         hot = self.node.settings.pause_hot_s if delay is None else delay
@@ -43,6 +49,7 @@ class Spiller:
 
     def cancel(self, sandbox_id: str) -> None:
         self._due.pop(sandbox_id, None)
+        self._failures.pop(sandbox_id, None)
 
     @property
     def pending(self) -> int:
@@ -86,11 +93,24 @@ class Spiller:
     async def _spill(self, sandbox_id: str) -> None:
         try:
             await spill(self.node, sandbox_id)
-        except AenvError as exc:
-            log.warning("writing paused sandbox %s to disk failed; it stays paused in memory "
-                        "(retry in %.0fs): %s", sandbox_id, RETRY_S, exc.message)
-            self.schedule(sandbox_id, delay=RETRY_S)
-        except Exception:
-            log.exception("writing paused sandbox %s to disk failed; it stays paused in memory",
-                          sandbox_id)
-            self.schedule(sandbox_id, delay=RETRY_S)
+        except Conflict as exc:
+            if self.node.owners.killed(sandbox_id):
+                return
+            # Another operation holds it (a resume, a kill...): look again soon; a spill
+            # that finds it no longer frozen does nothing.
+            log.debug("spill of %s deferred: %s", sandbox_id, exc.message)
+            self.schedule(sandbox_id, delay=BUSY_RETRY_S)
+            return
+        except NotFound:
+            self._failures.pop(sandbox_id, None)
+            return
+        except Exception as exc:
+            failures = self._failures[sandbox_id] = self._failures.get(sandbox_id, 0) + 1
+            delay = min(RETRY_S * 2 ** (failures - 1), RETRY_MAX_S)
+            message = getattr(exc, "message", None) or repr(exc)
+            log.warning("writing paused sandbox %s to disk failed (attempt %d); it stays "
+                        "paused in memory, next try in %.0f s: %s", sandbox_id, failures,
+                        delay, message, exc_info=not isinstance(exc, AenvError))
+            self.schedule(sandbox_id, delay=delay)
+            return
+        self._failures.pop(sandbox_id, None)

@@ -8,7 +8,6 @@ teardown does not hold the others.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from aenv.core.errors import AenvError
@@ -25,15 +24,20 @@ KILL_RETRY_S = 30.0
 
 async def expire_once(node: Node) -> list[str]:
     """Pause or kill every running sandbox whose end time has passed, and finish kills that
-    failed (e.g. a timed-out nft call on an overloaded node); returns their ids."""
+    failed (e.g. a timed-out nft call on an overloaded node); returns their ids. A sandbox
+    another operation holds is skipped and looked at again on the next pass."""
     now = node.clock()
     stuck = [r for r in await node.store.list([SandboxState.KILLING])
-             if now - r.state_changed_at > KILL_RETRY_S]
-    expired = [*await node.store.expired(now), *stuck]
+             if now - r.state_changed_at > KILL_RETRY_S
+             and node.owners.kill_in_flight(r.sandbox_id) is None]
+    expired = [r for r in await node.store.expired(now) if not node.owners.busy(r.sandbox_id)]
+    expired += stuck
     ids = [r.sandbox_id for r in expired]
     results = await asyncio.gather(
-        *((pause(node, r.sandbox_id)
-           if r.auto_pause and r.state == SandboxState.RUNNING else kill(node, r.sandbox_id))
+        *((pause(node, r.sandbox_id, memory=r.auto_pause_memory, wait=0)
+           if r.auto_pause and r.state == SandboxState.RUNNING
+           else kill(node, r.sandbox_id, reason=None if r.state == SandboxState.KILLING
+                     else "its timeout expired"))
           for r in expired),
         return_exceptions=True,
     )
@@ -46,7 +50,12 @@ async def expire_once(node: Node) -> list[str]:
 
 
 async def run_ttl_loop(node: Node) -> None:
+    failures = 0
     while True:
-        with contextlib.suppress(Exception):
+        try:
             await expire_once(node)
-        await asyncio.sleep(node.settings.ttl_check_interval_s)
+            failures = 0
+        except Exception:
+            failures += 1
+            log.exception("the TTL pass failed (%d in a row)", failures)
+        await asyncio.sleep(min(node.settings.ttl_check_interval_s * 2 ** failures, 30.0))

@@ -15,7 +15,7 @@ from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode
 from aenv.orchestrator.ops.resume import resume
 from aenv.orchestrator.ops.settle import settled
-from aenv.proxy import errors, forward, websocket
+from aenv.proxy import errors, forward, unresponsive, websocket
 from aenv.proxy.routing import Target
 from aenv.store.models import SandboxRecord
 
@@ -69,6 +69,13 @@ class Proxy:
                 await send({"type": "websocket.close", "code": 1008})
                 return
             await errors.sandbox_not_found(target.sandbox_id)(scope, receive, send)
+            return
+        if (refused := unresponsive.refusal(self.node.liveness, record.sandbox_id,
+                                            target.port)) is not None:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1011})
+            else:
+                await refused(scope, receive, send)
             return
         slot, _ = decode(record.instance, record.sandbox_id)
         assert slot is not None

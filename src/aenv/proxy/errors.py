@@ -28,5 +28,20 @@ def port_not_open(sandbox_id: str, port: int) -> JSONResponse:
     )
 
 
+def upstream_broken(sandbox_id: str, port: int, *, close: bool) -> JSONResponse:
+    """The guest closed or reset the connection before answering (a server that died, or
+    closed mid-upload). ``close``: the request body was not all read, so the client's
+    connection cannot carry another request."""
+    return JSONResponse(
+        {
+            "sandboxId": sandbox_id,
+            "message": "The sandbox closed the connection before answering",
+            "port": port,
+            "code": 502,
+        },
+        status_code=502, headers={"connection": "close"} if close else None,
+    )
+
+
 def bad_target(message: str) -> JSONResponse:
     return JSONResponse({"message": message, "code": 400}, status_code=400)

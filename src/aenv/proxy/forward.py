@@ -3,23 +3,28 @@
 HTTP/1.1 is written and parsed here over a pooled keep-alive connection (network/guest_pool.py)
 instead of through an httpx client: a request costs a header join and a split, no per-request
 client objects. Request bodies are passed on as they arrive (chunked uploads, Connect client
-streams); responses are relayed chunk by chunk without decoding (gzip stays gzip). If the
-upstream breaks after the response started — typically because the sandbox was killed — the
-client connection is dropped, which the SDKs turn into "the sandbox was killed or reached its
-end of life".
+streams); responses are relayed chunk by chunk without decoding (gzip stays gzip).
+
+If the guest closes or resets the connection before it answers (a server that died, or closed
+in the middle of an upload), the client gets E2B's 502 body; if it breaks after the response
+started — typically because the sandbox was killed — the client connection is cut
+(``api.protocol.abort``), never ended as if whole, which the SDKs turn into "the sandbox was
+killed or reached its end of life". Neither is a 500 or a traceback in the node's log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 from starlette.types import Receive, Scope, Send
 
+from aenv.api.protocol import abort
 from aenv.core.errors import Unavailable
 from aenv.network.base import NetSlot
 from aenv.orchestrator.deps import GuestConnector
-from aenv.proxy.errors import port_not_open
+from aenv.proxy.errors import port_not_open, upstream_broken
 
 _HOP_BY_HOP = {
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
@@ -29,6 +34,10 @@ _HOP_BY_HOP = {
 READ_SIZE = 65_536
 _NO_BODY_STATUS = (204, 304)
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+#: After the guest stopped reading a request body, how long its answer (if it gave one
+#: before closing) may take to show up in the reader: it is there already, or never.
+EARLY_ANSWER_S = 1.0
+log = logging.getLogger("aenv.proxy.forward")
 
 
 class ClientDisconnected(Exception):
@@ -82,15 +91,22 @@ async def _send_body(receive: Receive, writer: asyncio.StreamWriter, chunked: bo
     await writer.drain()
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[int, bool, list[tuple[bytes, bytes]]]:
+Head = tuple[int, bool, list[tuple[bytes, bytes]]]
+
+
+async def _read_head(reader: asyncio.StreamReader) -> Head:
     """Status, whether the guest keeps the connection, headers (1xx interim answers skipped)."""
     while True:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as exc:
             raise UpstreamBroken("the guest closed the connection before answering") from exc
+        except asyncio.LimitOverrunError as exc:
+            raise UpstreamBroken("the guest's response head is too large") from exc
         lines = head[:-4].split(b"\r\n")
         version, _, rest = lines[0].partition(b" ")
+        if not rest[:3].isdigit() or not 100 <= int(rest[:3]) <= 599:
+            raise UpstreamBroken(f"the guest's status line is not HTTP: {lines[0][:80]!r}")
         status = int(rest[:3])
         if 100 <= status < 200 and status != 101:
             continue
@@ -99,6 +115,49 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, bool, list[tupl
             key, _, value = line.partition(b":")
             headers.append((key.strip().lower(), value.strip()))
         return status, version == b"HTTP/1.1", headers
+
+
+async def _exchange(receive: Receive, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    head: bytes, has_body: bool, chunked: bool) -> tuple[Head, bool]:
+    """Send the request, read the answer's head; and whether the guest answered before it
+    had read the whole body. Raises ``UpstreamBroken``/``ConnectionError`` if it never
+    answers."""
+    writer.write(head)
+    if has_body:
+        try:
+            await _send_body(receive, writer, chunked)
+        except ConnectionError as exc:
+            # The guest stopped reading: it may have answered already (a 413 of its own),
+            # which is in the reader if so.
+            try:
+                async with asyncio.timeout(EARLY_ANSWER_S):
+                    return await _read_head(reader), True
+            except (TimeoutError, UpstreamBroken, ConnectionError):
+                raise UpstreamBroken("the guest closed the connection during the request "
+                                     f"body ({type(exc).__name__})") from exc
+    return await _read_head(reader), False
+
+
+def _response_headers(
+    headers: list[tuple[bytes, bytes]],
+) -> tuple[int | None, bool, list[tuple[bytes, bytes]], bool]:
+    """Content-Length (None: none), whether chunked, the headers to pass on, and whether the
+    guest closes the connection after this answer. A malformed length is ``UpstreamBroken``."""
+    length: int | None = None
+    body_chunked = close = False
+    out = []
+    for key, value in headers:
+        if key == b"content-length":
+            if not value.isdigit():
+                raise UpstreamBroken(f"the guest sent Content-Length {value[:40]!r}")
+            length = int(value)
+        elif key == b"transfer-encoding":
+            body_chunked = b"chunked" in value.lower()
+        elif key == b"connection" and b"close" in value.lower():
+            close = True
+        if key not in _HOP_BY_HOP:
+            out.append((key, value))
+    return length, body_chunked, out, close
 
 
 async def _relay_body(reader: asyncio.StreamReader, send: Send, length: int | None,
@@ -153,36 +212,39 @@ async def forward(
         reusable = False
         try:
             try:
-                conn.writer.write(head)
-                if has_body:
-                    await _send_body(receive, conn.writer, chunked)
-                status, keep_alive, headers = await _read_head(conn.reader)
-            except (UpstreamBroken, ConnectionError):
+                early = await _exchange(receive, conn.reader, conn.writer, head, has_body,
+                                        chunked)
+                status, keep_alive, headers = early[0]
+                length, body_chunked, out, close = _response_headers(headers)
+                keep_alive = keep_alive and not close
+            except (UpstreamBroken, ConnectionError) as exc:
                 # A kept-alive connection the guest closed just now: an idempotent request
                 # without a body is safe to send again on a new one (nothing was answered).
                 if (conn.reused and not has_body and attempt == 0
                         and scope["method"] in _IDEMPOTENT):
                     continue
-                raise
-            length: int | None = None
-            body_chunked = False
-            out = []
-            for key, value in headers:
-                if key == b"content-length":
-                    length = int(value)
-                elif key == b"transfer-encoding":
-                    body_chunked = b"chunked" in value.lower()
-                elif key == b"connection" and b"close" in value.lower():
-                    keep_alive = False
-                if key not in _HOP_BY_HOP:
-                    out.append((key, value))
+                # Nothing was answered yet: E2B's 502, not a 500 and a traceback.
+                log.info("sandbox %s port %d: %s", sandbox_id, port, exc)
+                await upstream_broken(sandbox_id, port, close=has_body)(scope, receive, send)
+                return
+            if early[1]:
+                # The guest answered before it had read the whole body and closed: the
+                # client's connection has the rest of the body in it and cannot be reused.
+                keep_alive = False
+                out.append((b"connection", b"close"))
             await send({"type": "http.response.start", "status": status, "headers": out})
             if scope["method"] == "HEAD" or status in _NO_BODY_STATUS:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 reusable = keep_alive
-            else:
+                return
+            try:
                 reusable = await _relay_body(conn.reader, send, None if body_chunked else length,
                                              body_chunked) and keep_alive
+            except ConnectionError as exc:
+                # The response has started: the client's stream is cut, never ended as if
+                # whole, and without a traceback (an ordinary thing for a guest to do).
+                log.info("sandbox %s port %d broke its answer: %s", sandbox_id, port, exc)
+                abort(scope)
             return
         finally:
             guests.release(conn, reusable=reusable)

@@ -53,8 +53,13 @@ MKFS_TIMEOUT_S = 120.0
 _IMAGE_NAME = "workspaces.xfs"
 _POOL_NAME = "workspaces"
 _PROBE_PREFIX = ".reflink-probe-"
-#: Pool mount options: atime updates of image files would only cost metadata writes.
-_POOL_MOUNT_OPTIONS = "noatime"
+#: Pool mount options: atime updates of image files would only cost metadata writes;
+#: ``discard``: blocks freed in the pool (a deleted image, holes a sandbox's ext4 punched in
+#: its image) become holes in the pool image, so the host gets them back (without it a killed
+#: sandbox's written blocks stayed taken on the host for good). XFS sends them after its log
+#: checkpoints; :mod:`aenv.storage.pool_trim` hurries that along. Measured on this host, 4 x
+#: 512 MiB write+fsync+delete in an image and 2,000 small files: within the noise (±15 %).
+_POOL_MOUNT_OPTIONS = "noatime,discard"
 
 PoolBacking = Literal["auto", "dir", "image"]
 
@@ -224,6 +229,17 @@ class ReflinkPool:
             await unmount(str(self.path), lazy=False, what=f"workspace pool {self.path}")
         for loop in loopdev.loops_backed_by(self.image):
             await loopdev.detach(loop.device)
+
+    def host_path(self) -> Path:
+        """A path on the file system the pool's blocks are taken from: the home's for a pool
+        image, the pool's own for a directory or an operator's disk."""
+        return self.home if self.state.kind == "image" else self.path
+
+    def discards(self) -> bool:
+        """Whether the mounted pool image passes freed blocks to the host by itself (mounted
+        ``discard``; a pool mounted by an older aenv is not, until its next mount)."""
+        return any(m.mount_point == str(self.path) and "discard" in m.super_options
+                   for m in read_mountinfo())
 
     def capacity_bytes(self) -> int:
         """Size of the pool's filesystem in bytes."""

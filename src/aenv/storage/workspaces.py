@@ -29,7 +29,10 @@ get blocks from a full pool, the guest's ext4 sees I/O errors, aborts its journa
 read-only, losing data. So creates and clones are admitted only while the worst case fits:
 every writable image may fill up to its size, every other file (snapshots, blanks) keeps what
 it holds; see :func:`aenv.storage.workspace_state.committed_bytes`, which with
-:func:`~aenv.storage.workspace_state.observe` holds the read-only side of this module.
+:func:`~aenv.storage.workspace_state.observe` holds the read-only side of this module. Nor must
+the host's file system under the pool fill up: above its watermark
+(:class:`aenv.storage.host_disk.Watermark`) no image is made, cloned or grown, and the blocks
+the pool frees go back to the host (:mod:`aenv.storage.pool_trim`).
 """
 
 from __future__ import annotations
@@ -58,7 +61,9 @@ from aenv.core.errors import (
 from aenv.core.keyed_locks import KeyedLocks
 from aenv.storage import ext4_resize, loopdev, workspace_state
 from aenv.storage.files import fsync_dirs, listdir
+from aenv.storage.host_disk import DiskUsage, Watermark
 from aenv.storage.mounts import MOUNT_TIMEOUT_S, read_mountinfo, unmount
+from aenv.storage.pool_trim import PoolTrimmer
 from aenv.storage.reflink_fs import NotReflinkable, ReflinkPool, ficlone
 from aenv.storage.rootfs import check_sandbox_id
 from aenv.storage.workspace_state import BLANK as _BLANK
@@ -108,7 +113,8 @@ class WorkspaceStore:
     """The per-sandbox disk images of one aenv home, over a started :class:`ReflinkPool`."""
 
     def __init__(self, pool: ReflinkPool, *, overcommit: float | None = 1.0,
-                 reserve_mb: int = 64):
+                 reserve_mb: int = 64, host_watermark_percent: float = 100.0,
+                 trim_interval_s: float = 5.0):
         self.pool = pool
         #: ``<home>/workspaces-mnt``: mount points of attached workspaces.
         self.mounts_root = pool.home / "workspaces-mnt"
@@ -118,6 +124,10 @@ class WorkspaceStore:
         self.overcommit = overcommit
         #: Room kept free for the pool filesystem's own metadata (XFS log, extent maps).
         self.reserve_bytes = reserve_mb << 20
+        #: No new image while the host file system under the pool is fuller than this (%).
+        self.host_watermark_percent = host_watermark_percent
+        #: Gives freed pool blocks back to the host; the node runs ``trimmer.run()``.
+        self.trimmer = PoolTrimmer(pool, interval_s=trim_interval_s)
         self._admit = asyncio.Lock()
         #: One attach, detach, clone or resize of a sandbox's workspace at a time: a publish
         #: of a paused sandbox clones its disk while a kill or resume may detach or attach it.
@@ -158,6 +168,19 @@ class WorkspaceStore:
     def observe(self) -> WorkspaceObservation:
         """Every workspace image, loop device and mount of this store (no subprocess)."""
         return workspace_state.observe(self.pool.path, self.mounts_root)
+
+    def host_watermark(self) -> Watermark:
+        """The watermark of the host file system the pool's blocks come from."""
+        return Watermark(self.pool.host_path(), self.host_watermark_percent)
+
+    async def ensure_host_room(self, what: str) -> DiskUsage:
+        """Refuse ``what`` (e.g. "a new sandbox", "resuming sandbox X") before it takes disk.
+
+        Prerequisites: the pool is started. On success: the host file system's usage, at or
+        below the watermark. On failure: :class:`aenv.storage.host_disk.HostDiskFull` (429
+        with ``Retry-After``) naming the usage and the watermark; nothing was touched.
+        """
+        return await self.host_watermark().ensure_below(what)
 
     # -- creating and copying -----------------------------------------------------------------
 
@@ -270,7 +293,7 @@ class WorkspaceStore:
             if device is not None:
                 ext4_resize.refuse_online_without_cap(what)
             async with self._admit:
-                self._check_space((size_mb - ws.size_mb) << 20)
+                await asyncio.to_thread(self._check_space, (size_mb - ws.size_mb) << 20, what)
                 os.truncate(ws.image, size_mb << 20)
             if device is not None:
                 await ext4_resize.grow_online(device, what)
@@ -348,6 +371,8 @@ class WorkspaceStore:
             await self._wait_released(sandbox_id, image)
         with contextlib.suppress(FileNotFoundError):
             mount_point.rmdir()
+        # The ext4's last discards (holes in its image) went out at its unmount.
+        self.trimmer.request()
 
     async def remove(self, sandbox_id: str) -> None:
         """Detach and delete the workspace (idempotent: no workspace = done).
@@ -362,6 +387,7 @@ class WorkspaceStore:
             with contextlib.suppress(FileNotFoundError):
                 image.unlink()
                 fsync_dirs(self.pool.path)
+            self.trimmer.request()  # in the background: the kill does not wait for it
         # Nothing can attach a deleted image, so a file system that lives on is harmless here:
         # waited for only so that a kill leaves no device behind, and never failed for.
         if left := await loopdev.wait_released(image, _REMOVE_RELEASE_S):
@@ -476,7 +502,8 @@ class WorkspaceStore:
         async with self._admit:
             st = source.stat()
             wanted = st.st_size if writable else st.st_blocks * 512
-            self._check_space(wanted + self._pending_bytes)
+            await asyncio.to_thread(self._check_space, wanted + self._pending_bytes,
+                                    f"a new disk image ({target.name})")
             self._pending_bytes += wanted
         try:
             tmp = self._staging_path(target.name)
@@ -498,7 +525,9 @@ class WorkspaceStore:
         finally:
             self._pending_bytes -= wanted
 
-    def _check_space(self, new_bytes: int) -> None:
+    def _check_space(self, new_bytes: int, what: str) -> None:
+        """Blocking (statvfs, a walk of the pool's directory): call it in a thread."""
+        self.host_watermark().check(what)
         capacity = self.pool.capacity_bytes()
         if self.overcommit is not None:
             limit = int(capacity * self.overcommit) - self.reserve_bytes

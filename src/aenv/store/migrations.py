@@ -93,4 +93,8 @@ MIGRATIONS: list[str] = [
         at REAL NOT NULL
     );
     """,
+    # 4: what a timeout auto-pause keeps (E2B ``autoPauseMemory``; false: the files only)
+    """
+    ALTER TABLE sandboxes ADD COLUMN auto_pause_memory INTEGER NOT NULL DEFAULT 1;
+    """,
 ]

@@ -28,6 +28,9 @@ class SandboxRecord:
     env_vars: dict[str, str] = field(default_factory=dict)
     auto_pause: bool = False
     auto_resume: bool = False
+    #: What a pause at the end of the lifetime keeps: memory and files (true), or the files
+    #: only (E2B ``autoPauseMemory: false``, on nodes with disk workspaces).
+    auto_pause_memory: bool = True
     allow_internet_access: bool | None = None
     network: dict[str, Any] | None = None
     #: The runtime driver's own view (runtime id, pid, net slot), as JSON.
@@ -45,7 +48,7 @@ class SandboxRecord:
 UNREADABLE = "unreadable"
 
 JSON_COLUMNS = {"metadata", "env_vars", "network", "instance"}
-BOOL_COLUMNS = {"auto_pause", "auto_resume"}
+BOOL_COLUMNS = {"auto_pause", "auto_resume", "auto_pause_memory"}
 COLUMNS = [f.name for f in fields(SandboxRecord)]
 
 

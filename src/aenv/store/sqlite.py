@@ -142,27 +142,59 @@ class Store:
         return int(row[0]) if row else 0
 
     async def update(self, record: SandboxRecord, **changes: Any) -> SandboxRecord:
-        """Write ``changes`` if the row is still at ``record.version`` (else ``Conflict``)."""
-        new = record.evolve(version=record.version + 1, **changes)
+        """Write ``changes`` if the row is still at ``record.version`` (else ``Conflict``).
+
+        Only the changed columns are written, onto the row as it is now: a field written
+        without a version change meanwhile (``set_end_at``) is kept, not overwritten from a
+        caller's older copy."""
+        current = self._cache.get(record.sandbox_id)
+        base = current if current is not None and current.version == record.version else record
+        new = base.evolve(version=record.version + 1, **changes)
+        columns = set(changes) | {"version"}
         if new.state != record.state:
             if not allowed(record.state, new.state):
                 raise Conflict(
                     f"sandbox {record.sandbox_id} cannot go from {record.state} to {new.state}"
                 )
             new = new.evolve(state_changed_at=time.time())
+            columns.add("state_changed_at")
         row = to_row(new)
-        sets = ", ".join(f"{k} = :{k}" for k in COLUMNS if k != "sandbox_id")
+        sets = ", ".join(f"{k} = :{k}" for k in COLUMNS if k in columns and k != "sandbox_id")
         cur = await self._db.execute(
             f"UPDATE sandboxes SET {sets} WHERE sandbox_id = :sandbox_id AND version = :old",
-            {**row, "old": record.version},
+            {**{k: row[k] for k in columns | {"sandbox_id"}}, "old": record.version},
         )
         if cur.rowcount != 1:
             self._cache.pop(record.sandbox_id, None)
             raise Conflict(f"sandbox {record.sandbox_id} changed concurrently; retry")
+        latest = self._cache.get(record.sandbox_id)
+        if latest is not None and latest.version == record.version and latest is not base:
+            # A field written during the write above (``set_end_at``) is in the row: keep it.
+            new = latest.evolve(**{k: getattr(new, k) for k in columns})
         self._cache[new.sandbox_id] = new
         if new.state != record.state:
             await self.add_event(new.sandbox_id, f"state:{new.state}", {"from": str(record.state)})
         return new
+
+    async def set_end_at(self, sandbox_id: str, end_at: float) -> SandboxRecord:
+        """Set the sandbox's end time whatever operation holds it (the version is not
+        changed, so the operation's next write does not conflict with it); ``NotFound`` when
+        it is gone or being killed."""
+        record = await self.require(sandbox_id)
+        if record.state == SandboxState.KILLING:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        cur = await self._db.execute(
+            "UPDATE sandboxes SET end_at = ? WHERE sandbox_id = ? AND state != ?",
+            (end_at, sandbox_id, str(SandboxState.KILLING)),
+        )
+        if cur.rowcount != 1:
+            self._cache.pop(sandbox_id, None)
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        current = self._cache.get(sandbox_id)
+        if current is None:
+            return record.evolve(end_at=end_at)
+        self._cache[sandbox_id] = current = current.evolve(end_at=end_at)
+        return current
 
     async def delete(self, record: SandboxRecord) -> None:
         cur = await self._db.execute(

@@ -18,6 +18,7 @@ It must not decide *which* path to touch: callers resolve paths with ``users.res
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
 import os
@@ -32,13 +33,14 @@ from protobuf.wkt import Timestamp
 from aenv.core.errors import (
     AenvError,
     AlreadyExists,
-    FailedPrecondition,
     Internal,
     InvalidArgument,
     NotEnoughSpace,
     NotFound,
     PermissionDenied,
 )
+from aenv.envd.filesystem.creds import as_root
+from aenv.envd.filesystem.metadata_store import store
 from aenv.envd.gen import filesystem_pb as pb
 
 #: xattr namespace holding user metadata; the SDK sees keys with it stripped.
@@ -121,14 +123,21 @@ class NameCache:
         return name
 
 
-def read_metadata(path: str) -> dict[str, str]:
-    """``user.e2b.*`` xattrs of ``path`` (following symlinks), prefix stripped; ``{}`` if none."""
+def read_metadata(path: str, real_path: str | None = None) -> dict[str, str]:
+    """``user.e2b.*`` xattrs of ``path`` (following symlinks), prefix stripped; ``{}`` if none.
+
+    Where the filesystem has no xattrs (a disk workspace under gVisor), or the file has none
+    but came from such a place, the metadata store answers for ``real_path`` (the resolved
+    path, computed when not given).
+    """
+    metadata: dict[str, str] = {}
     try:
         names = os.listxattr(path)
-    except OSError:
-        # No xattr support, a dangling link, or a file that just vanished: no metadata.
-        return {}
-    metadata: dict[str, str] = {}
+    except OSError as exc:
+        # No xattr support, a dangling link, or a file that just vanished.
+        if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return {}
+        names = []
     for name in names:
         if not name.startswith(METADATA_PREFIX):
             continue
@@ -137,18 +146,35 @@ def read_metadata(path: str) -> dict[str, str]:
         except OSError:
             continue
         metadata[wire_str(name[len(METADATA_PREFIX):])] = value.decode("utf-8", "replace")
-    return metadata
+    if metadata:
+        return metadata
+    with as_root():
+        if not store().has_entries():
+            return {}
+    try:
+        key = real_path or os.path.realpath(path, strict=True)
+    except (OSError, RuntimeError):
+        return {}
+    with as_root():
+        return store().get(key)
 
 
-def write_metadata(fd: int, metadata: Mapping[str, str]) -> None:
-    """Replace the ``user.e2b.*`` xattrs of an open file with ``metadata`` (keys lowercased)."""
+def write_metadata(fd: int, metadata: Mapping[str, str], path: str) -> None:
+    """Replace the ``user.e2b.*`` xattrs of an open file (``path``) with ``metadata`` (keys
+    lowercased); in the metadata store where the filesystem has no xattrs."""
     wanted = {METADATA_PREFIX + key.lower(): value for key, value in metadata.items()}
     try:
         existing = [name for name in os.listxattr(fd) if name.startswith(METADATA_PREFIX)]
     except OSError as exc:
-        if not wanted and exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            _store_metadata(fd, path, {key.lower(): value for key, value in metadata.items()})
             return
         raise os_failure(exc, "reading metadata") from exc
+    if not wanted and not existing:
+        # Nothing to set here; a file that had metadata in the store loses it (E2B: each
+        # upload replaces all of it).
+        _store_metadata(fd, path, {})
+        return
     try:
         for name in existing:
             if name not in wanted:
@@ -157,14 +183,55 @@ def write_metadata(fd: int, metadata: Mapping[str, str]) -> None:
             os.setxattr(fd, name, value.encode())
     except OSError as exc:
         if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise FailedPrecondition("the filesystem does not support file metadata") from exc
+            # gVisor's gofer lists no xattrs rather than refusing to; only the write says so.
+            _store_metadata(fd, path, {key.lower(): value for key, value in metadata.items()})
+            return
         if exc.errno in (errno.E2BIG, errno.ERANGE):
             raise InvalidArgument("file metadata is too large") from exc
         raise os_failure(exc, "writing metadata") from exc
 
 
-def entry_from_stat(path: str, st: os.stat_result, names: NameCache) -> pb.EntryInfo:
-    """``EntryInfo`` for ``path`` whose ``lstat`` is ``st``."""
+def _store_metadata(fd: int, path: str, metadata: dict[str, str]) -> None:
+    try:
+        # The path of what was opened, even if a name on the way changed since.
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        if not real.startswith("/") or real.endswith(" (deleted)"):
+            raise OSError(errno.ENOENT, "no path")
+    except OSError:
+        real = os.path.realpath(path)
+    with as_root():
+        try:
+            store().put(real, metadata)
+        except OSError as exc:
+            raise os_failure(exc, "writing metadata") from exc
+
+
+def metadata_key(path: str) -> str:
+    """The store key of ``path`` itself (its directory resolved, a final symlink not), for
+    removals and moves, which act on the name rather than what it points to."""
+    parent, name = posixpath.split(path)
+    try:
+        parent = os.path.realpath(parent or "/")
+    except (OSError, RuntimeError):
+        pass
+    return posixpath.join(parent, name) if name else parent
+
+
+def forget_metadata(key: str) -> None:
+    with as_root(), contextlib.suppress(OSError):
+        store().forget_tree(key)
+
+
+def move_metadata(source_key: str, destination_key: str) -> None:
+    with as_root(), contextlib.suppress(OSError):
+        store().move_tree(source_key, destination_key)
+
+
+def entry_from_stat(
+    path: str, st: os.stat_result, names: NameCache, real_path: str | None = None
+) -> pb.EntryInfo:
+    """``EntryInfo`` for ``path`` whose ``lstat`` is ``st`` (``real_path``: ``path`` with
+    every symlink resolved, when the caller knows it)."""
     mode_bits = stat.S_IMODE(st.st_mode) & 0o777
     kind = file_type(st.st_mode)
     target: str | None = None
@@ -188,7 +255,7 @@ def entry_from_stat(path: str, st: os.stat_result, names: NameCache) -> pb.Entry
         group=names.group(st.st_gid),
         modified_time=Timestamp.from_nanos(st.st_mtime_ns),
         symlink_target=wire_str(target) if target is not None else None,
-        metadata=read_metadata(path),
+        metadata=read_metadata(path, target if target is not None else real_path),
     )
 
 
@@ -204,10 +271,14 @@ def entry_info(path: str, names: NameCache | None = None) -> pb.EntryInfo:
     return entry_from_stat(path, st, names or NameCache())
 
 
-def chown_if_root(target: str | int, uid: int, gid: int) -> None:
-    """Hand a file (path or open descriptor) to the acting user; only root can give files away,
-    and an unprivileged envd already creates them as itself."""
-    if os.geteuid() != 0:
+def chown_if_root(target: str | int, uid: int, gid: int, *, created: bool = False) -> None:
+    """Hand a file (path or open descriptor) to the acting user; only root can give files away.
+
+    What a thread acting as the user just ``created`` is already theirs, but is chowned all the
+    same: E2B's envd always chowns, and watchers expect the attribute event that causes.
+    """
+    euid = os.geteuid()
+    if euid != 0 and not (created and euid == uid):
         return
     if isinstance(target, int):
         os.fchown(target, uid, gid)
@@ -235,7 +306,7 @@ def ensure_dirs(path: str, uid: int, gid: int) -> list[str]:
             raise os_failure(exc, f"creating directory {current}") from exc
         created.append(current)
         try:
-            chown_if_root(current, uid, gid)
+            chown_if_root(current, uid, gid, created=True)
         except OSError as exc:
             raise os_failure(exc, f"changing owner of {current}") from exc
     return created
@@ -243,6 +314,9 @@ def ensure_dirs(path: str, uid: int, gid: int) -> list[str]:
 
 def create_or_truncate(path: str, uid: int, gid: int) -> int:
     """Truncate or create ``path`` as a 0644 file owned by the user (like envd's processFile).
+
+    Run as the user (``creds.as_user``): the open is what checks their permission, through
+    every symlink; only root hands an existing file over to itself, as envd does.
 
     On failure: :class:`InvalidArgument` for a directory, :class:`NotEnoughSpace` for a full
     disk (or inode table), :class:`PermissionDenied` for a read-only place.
@@ -261,12 +335,18 @@ def create_or_truncate(path: str, uid: int, gid: int) -> int:
     try:
         if st is not None:
             chown_if_root(path, uid, gid)  # before truncating, as envd does
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        # Non-blocking: a fifo put there since the check must not hang the open.
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK, 0o644
+        )
     except OSError as exc:
         raise os_failure(exc, f"opening '{path}'") from exc
     try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise InvalidArgument(f"path is not a regular file: {path}")
         if st is None:
-            chown_if_root(fd, uid, gid)
+            chown_if_root(fd, uid, gid, created=True)
             # A process umask other than 022 must not change what uploads look like.
             if os.fstat(fd).st_mode & 0o777 != 0o644:
                 os.fchmod(fd, 0o644)

@@ -1,8 +1,9 @@
 """``filesystem.Filesystem``: the Connect-RPC service over the sandbox's files.
 
 Every path is resolved for the request user (Basic header, else the default user) with
-``users.resolve_path``; envd itself runs as root, so operations are not limited by the user's
-permissions, but what it creates belongs to that user. Semantics follow E2B's envd
+``users.resolve_path``, and every operation runs with that user's permissions
+(:mod:`~aenv.envd.filesystem.creds`): what the kernel refuses them, symlinks included, is
+``permission_denied``, and what they create is theirs. Semantics follow E2B's envd
 (e2b-compat.md §4.3): Remove of a missing path succeeds, MakeDir of an existing directory is
 ``already_exists``, ListDir never follows symlinks below the listed directory.
 
@@ -31,11 +32,15 @@ from protobuf import Oneof
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aenv.core.errors import AlreadyExists, InvalidArgument, NotFound
+from aenv.envd.filesystem.creds import as_user
 from aenv.envd.filesystem.entry import (
     NameCache,
     ensure_dirs,
     entry_from_stat,
     entry_info,
+    forget_metadata,
+    metadata_key,
+    move_metadata,
     os_failure,
 )
 from aenv.envd.filesystem.watch import Watcher, WatcherRegistry
@@ -106,57 +111,43 @@ class FilesystemService:
         return user, resolve_path(path, user, self.state.default_workdir)
 
     async def stat(self, request: pb.StatRequest, ctx: Ctx) -> pb.StatResponse:
-        _, path = self._resolve(ctx, request.path)
-        return pb.StatResponse(entry=entry_info(path))
+        user, path = self._resolve(ctx, request.path)
+        return pb.StatResponse(entry=await as_user(user, entry_info, path))
 
     async def make_dir(self, request: pb.MakeDirRequest, ctx: Ctx) -> pb.MakeDirResponse:
         user, path = self._resolve(ctx, request.path)
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            pass  # ensure_dirs tells a missing path from one running through a file
-        except OSError as exc:
-            raise os_failure(exc, f"stat {path}") from exc
-        else:
-            if stat.S_ISDIR(st.st_mode):
-                raise _already_exists(path)
-            raise InvalidArgument(f"path already exists but it is not a directory: {path}")
-        if not ensure_dirs(path, user.uid, user.gid):
-            raise _already_exists(path)  # lost a race with another creator
+        await as_user(user, _make_dir, path, user)
         # Recursive watchers must watch the new directory before anything is written into it.
         self.watchers.pump_all()
-        return pb.MakeDirResponse(entry=entry_info(path))
+        return pb.MakeDirResponse(entry=await as_user(user, entry_info, path))
 
     async def move(self, request: pb.MoveRequest, ctx: Ctx) -> pb.MoveResponse:
         user = request_user(ctx, self.state)
         source = resolve_path(request.source, user, self.state.default_workdir)
         destination = resolve_path(request.destination, user, self.state.default_workdir)
-        if not os.path.lexists(source):
-            raise NotFound(f"source file not found: {source}")
-        ensure_dirs(posixpath.dirname(destination), user.uid, user.gid)
-        await asyncio.to_thread(_rename, source, destination)
+        await as_user(user, _move, source, destination, user)
         self.watchers.pump_all()
-        return pb.MoveResponse(entry=entry_info(destination))
+        return pb.MoveResponse(entry=await as_user(user, entry_info, destination))
 
     async def list_dir(self, request: pb.ListDirRequest, ctx: Ctx) -> pb.ListDirResponse:
-        _, path = self._resolve(ctx, request.path)
+        user, path = self._resolve(ctx, request.path)
         depth = request.depth or 1
-        entries = await asyncio.to_thread(_list_tree, path, depth)
+        entries = await as_user(user, _list_tree, path, depth)
         return pb.ListDirResponse(entries=entries)
 
     async def remove(self, request: pb.RemoveRequest, ctx: Ctx) -> pb.RemoveResponse:
         if not request.path:
             # "" would mean the default workdir, i.e. the user's whole home: never by accident.
             raise InvalidArgument("path is required")
-        _, path = self._resolve(ctx, request.path)
-        await asyncio.to_thread(_remove_all, path)
+        user, path = self._resolve(ctx, request.path)
+        await as_user(user, _remove_all, path)
         return pb.RemoveResponse()
 
     async def watch_dir(
         self, request: pb.WatchDirRequest, ctx: Ctx
     ) -> AsyncIterator[pb.WatchDirResponse]:
-        _, path = self._resolve(ctx, request.path)
-        _check_watchable(path)
+        user, path = self._resolve(ctx, request.path)
+        await as_user(user, _check_watchable, path)
         timeout_ms = ctx.timeout_ms
         deadline = None if timeout_ms is None else time.monotonic() + max(timeout_ms, 0) / 1000
         keepalive_s = keepalive_interval(ctx)
@@ -173,8 +164,8 @@ class FilesystemService:
     async def create_watcher(
         self, request: pb.CreateWatcherRequest, ctx: Ctx
     ) -> pb.CreateWatcherResponse:
-        _, path = self._resolve(ctx, request.path)
-        _check_watchable(path)
+        user, path = self._resolve(ctx, request.path)
+        await as_user(user, _check_watchable, path)
         watcher_id = await self.watchers.create(
             path, recursive=request.recursive, include_entry=request.include_entry
         )
@@ -219,13 +210,46 @@ async def _watch_events(
 
 
 def _check_watchable(path: str) -> None:
-    """On failure: :class:`NotFound` for a missing path, :class:`InvalidArgument` for a non-dir."""
+    """That the requesting user may read the directory (run as them; inotify itself is
+    envd's).
+
+    On failure: :class:`NotFound` for a missing path, :class:`InvalidArgument` for a non-dir,
+    :class:`PermissionDenied` for one they may not read.
+    """
     try:
         st = os.stat(path)
     except OSError as exc:
         raise os_failure(exc, f"path {path}") from exc
     if not stat.S_ISDIR(st.st_mode):
         raise InvalidArgument(f"path {path} is not a directory")
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+    except OSError as exc:
+        raise os_failure(exc, f"path {path}") from exc
+
+
+def _make_dir(path: str, user: User) -> None:
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # ensure_dirs tells a missing path from one running through a file
+    except OSError as exc:
+        raise os_failure(exc, f"stat {path}") from exc
+    else:
+        if stat.S_ISDIR(st.st_mode):
+            raise _already_exists(path)
+        raise InvalidArgument(f"path already exists but it is not a directory: {path}")
+    if not ensure_dirs(path, user.uid, user.gid):
+        raise _already_exists(path)  # lost a race with another creator
+
+
+def _move(source: str, destination: str, user: User) -> None:
+    if not os.path.lexists(source):
+        raise NotFound(f"source file not found: {source}")
+    ensure_dirs(posixpath.dirname(destination), user.uid, user.gid)
+    source_key = metadata_key(source)
+    _rename(source, destination)
+    move_metadata(source_key, metadata_key(destination))
 
 
 def _rename(source: str, destination: str) -> None:
@@ -268,7 +292,7 @@ def _list_tree(path: str, depth: int) -> list[pb.EntryInfo]:
                 child_st = child.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            entries.append(entry_from_stat(shown, child_st, names))
+            entries.append(entry_from_stat(shown, child_st, names, child.path))
             if level < depth and stat.S_ISDIR(child_st.st_mode):
                 walk(child.path, shown, level + 1)
 
@@ -284,6 +308,7 @@ def _remove_all(path: str) -> None:
         return
     except OSError as exc:
         raise os_failure(exc, f"removing {path}") from exc
+    key = metadata_key(path)
     try:
         if not stat.S_ISDIR(st.st_mode):
             Path(path).unlink()
@@ -292,9 +317,10 @@ def _remove_all(path: str) -> None:
         else:
             shutil.rmtree(path, onerror=lambda f, p, info: _ignore_missing(f, p, info[1]))
     except FileNotFoundError:
-        return
+        pass
     except OSError as exc:
         raise os_failure(exc, f"removing {path}") from exc
+    forget_metadata(key)
 
 
 def _ignore_missing(func: object, path: str, exc: BaseException) -> None:

@@ -9,7 +9,6 @@ released again before the error propagates.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,7 @@ from aenv.network.base import EgressPolicy, NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.envd_client import EnvdClient
+from aenv.orchestrator.unwind import to_the_end
 from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ async def boot_sandbox(
         lap("envd_ready")
         return Booted(sandbox_id, template, slot, instance, cpu, memory, bundle, lap.phases)
     except BaseException:
-        await asyncio.shield(release(node, sandbox_id, slot, instance))
+        await to_the_end(release(node, sandbox_id, slot, instance))
         raise
 
 
@@ -125,7 +125,7 @@ async def precreate_sandbox(node: Node, sandbox_id: str, template: Template
         spec = sandbox_spec(sandbox_id, rootfs, bundle, template, cpu, memory)
         return slot, await node.runtime.precreate(spec, slot)
     except BaseException:
-        await asyncio.shield(release(node, sandbox_id, slot, None))
+        await to_the_end(release(node, sandbox_id, slot, None))
         raise
 
 

@@ -9,7 +9,6 @@ A crash mid-create leaves a ``creating`` record that recovery tears down.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -28,6 +27,7 @@ from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import instance_json
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, release
 from aenv.orchestrator.ops.teardown import teardown
+from aenv.orchestrator.unwind import to_the_end
 from aenv.store.models import SandboxRecord
 
 if TYPE_CHECKING:
@@ -46,6 +46,9 @@ class CreateParams:
     metadata: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
     auto_pause: bool = False
+    #: False: a pause at the end of the lifetime keeps the files only (E2B
+    #: ``autoPauseMemory``; nodes with disk workspaces).
+    auto_pause_memory: bool = True
     auto_resume: bool = False
     allow_internet_access: bool | None = None
     network: dict[str, Any] | None = None
@@ -87,6 +90,8 @@ async def check_capacity(node: Node, wanted: int = 1, starting: int = 0) -> int:
         raise ResourceExhausted(
             f"this node runs its maximum of {node.settings.max_sandboxes} sandboxes"
         )
+    if node.workspaces is not None:  # the host disk under the pool above its watermark: 429
+        await node.workspaces.ensure_host_room("a new sandbox")
     return min(free, wanted)
 
 
@@ -123,19 +128,30 @@ async def _create(node: Node, template: Template, params: CreateParams, policy: 
         metadata={**template.metadata, **params.metadata},
         env_vars={**template.env_vars, **params.env_vars},
         auto_pause=params.auto_pause,
+        auto_pause_memory=params.auto_pause_memory,
         auto_resume=params.auto_resume,
         allow_internet_access=params.allow_internet_access,
         network=params.network,
         instance=(instance_json(warm.slot, warm.instance, envd_bundle=warm.envd_bundle)
                   if warm else instance_json(pre.slot, pre.instance) if pre else None),
     )
+    # The create is the new sandbox's first operation: a kill of it meanwhile cancels the
+    # create, which abandons its record (``_abandon``) before the kill's teardown runs.
+    return await node.owners.run(
+        record.sandbox_id, "create",
+        lambda: _create_owned(node, template, params, policy, warm, pre, record))
+
+
+async def _create_owned(node: Node, template: Template, params: CreateParams,
+                        policy: EgressPolicy, warm: Booted | None, pre: Precreated | None,
+                        record: SandboxRecord) -> SandboxRecord:
     try:
         await node.store.insert(record)
     except BaseException:
         if warm is not None:
-            await asyncio.shield(discard(node, warm))
+            await to_the_end(discard(node, warm))
         if pre is not None:
-            await asyncio.shield(release(node, pre.sandbox_id, pre.slot, pre.instance))
+            await to_the_end(release(node, pre.sandbox_id, pre.slot, pre.instance))
         raise
     from_pool = warm is not None
     try:
@@ -154,7 +170,7 @@ async def _create(node: Node, template: Template, params: CreateParams, policy: 
         return await _initialise(node, record, warm, from_pool=from_pool,
                                  renew_boot_id=params.fresh_boot_id)
     except BaseException:
-        await asyncio.shield(_abandon(node, record.sandbox_id))
+        await to_the_end(_abandon(node, record.sandbox_id))
         raise
 
 

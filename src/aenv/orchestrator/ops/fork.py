@@ -64,6 +64,15 @@ async def fork(node: Node, sandbox_id: str, count: int, timeout_s: int | None
     record = await node.store.get(sandbox_id)
     if record is None or record.state == SandboxState.KILLING:
         raise NotFound(f"sandbox {sandbox_id} not found")
+    return await node.owners.run(sandbox_id, "fork",
+                                 lambda: _fork_owned(node, sandbox_id, count, timeout))
+
+
+async def _fork_owned(node: Node, sandbox_id: str, count: int, timeout: int
+                      ) -> list[ForkResult]:
+    record = await node.store.get(sandbox_id)
+    if record is None or record.state == SandboxState.KILLING:
+        raise NotFound(f"sandbox {sandbox_id} not found")
     if record.state != SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is {record.state.public}; fork a running one")
     try:
@@ -72,7 +81,7 @@ async def fork(node: Node, sandbox_id: str, count: int, timeout_s: int | None
         return [ForkResult(error=exc) for _ in range(count)]
     record = await node.store.update(record, state=SandboxState.FORKING)
     with node.precreated.busy() if node.precreated is not None else contextlib.nullcontext():
-        return await asyncio.shield(_fork(node, record, count, fits, timeout))
+        return await _fork(node, record, count, fits, timeout)
 
 
 async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeout: int
@@ -98,6 +107,7 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
             template=template.template_id,
             timeout_s=timeout,
             auto_pause=record.auto_pause,
+            auto_pause_memory=record.auto_pause_memory,
             auto_resume=record.auto_resume,
             allow_internet_access=record.allow_internet_access,
             network=record.network,

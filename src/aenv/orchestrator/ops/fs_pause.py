@@ -21,7 +21,6 @@ torn down by the plan's rules unless marked ``filesystem`` (see recover.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -33,6 +32,7 @@ from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import decode, envd_bundle_of, instance_json
 from aenv.orchestrator.ops.boot import sandbox_spec
 from aenv.orchestrator.ops.quiesce import quiesced
+from aenv.orchestrator.unwind import to_the_end
 from aenv.runtime.base import Instance
 from aenv.store.models import SandboxRecord
 
@@ -91,7 +91,7 @@ async def reboot(node: Node, record: SandboxRecord) -> tuple[SandboxRecord, dict
                             user=template.default_user, workdir=template.default_workdir,
                             current_token=None, renew_boot_id=False)
     except BaseException:
-        await asyncio.shield(_undo(node, record, slot, instance))
+        await to_the_end(_undo(node, record, slot, instance))
         raise
     log.info("rebooted %s on its files in %.0f ms", sid, (time.monotonic() - started) * 1000)
     return record, instance_json(slot, instance, envd_bundle=bundle)

@@ -1,10 +1,16 @@
-"""Kill a sandbox (running or paused).
+"""Kill a sandbox, whatever it is doing: kill always wins.
 
-Prerequisites: the sandbox exists and is not in the middle of another operation.
-On success: its processes are gone, open streams through the proxy are aborted, its writable
-layer and network slot are released and the record is deleted.
-On failure: ``NotFound``; ``Conflict`` while another operation holds it. A crash mid-kill leaves
-a ``killing`` record that recovery finishes.
+Prerequisites: none (any state; an operation may hold the sandbox).
+On success: the record says ``killing`` at once (the sandbox is gone for every client from
+then on: 404), open streams through the proxy are aborted, the operation in flight — pause,
+spill, resume, snapshot, fork, move — is cancelled and unwinds, then the runtime, writable
+layer, network slot and memory image are released and the record deleted. The call answers
+when that is done, or after ``kill_answer_s`` at the latest while the teardown goes on as
+the sandbox's owned task. A second kill joins the first.
+On failure: ``NotFound`` (never existed, or already gone). A teardown that fails half-way
+leaves a ``killing`` record (invisible) that the TTL loop tries again; the call still
+answers 204, as the sandbox is gone for its user. A crash mid-kill leaves a ``killing``
+record that recovery finishes.
 """
 
 from __future__ import annotations
@@ -16,42 +22,88 @@ from aenv.core.errors import AenvError, Conflict, NotFound
 from aenv.core.states import SandboxState
 from aenv.orchestrator import disk_mode, paused_repo
 from aenv.orchestrator.context import Node
-from aenv.orchestrator.ops.settle import TRANSITIONAL, settled
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.kill")
 
-_KILLABLE = {SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.KILLING}
+#: Attempts at writing ``killing`` over a record a preempted operation is still writing.
+_MARK_ATTEMPTS = 20
 
 
-async def kill(node: Node, sandbox_id: str) -> None:
-    try:
-        record = await node.store.require(sandbox_id)
-    except NotFound:
+async def kill(node: Node, sandbox_id: str, *, reason: str | None = None) -> None:
+    """``reason``: kept in ``last_error`` (a death, an expiry)."""
+    joined = node.owners.kill_in_flight(sandbox_id)
+    if joined is not None:
+        await _answer(node, joined)
+        return
+    record = await node.store.get(sandbox_id)
+    if record is None:
         # Paused into the repository by another node: killing it is deleting that state.
         if await node.repository.lookup(paused_repo.paused_id(sandbox_id)) is None:
-            raise
+            raise NotFound(f"sandbox {sandbox_id} not found")
         await paused_repo.unpublish(node, sandbox_id)
         return
-    if record.state in TRANSITIONAL:
-        record = await settled(node, sandbox_id)  # a pause being written, a snapshot...
-    if record.state not in _KILLABLE:
-        raise Conflict(f"sandbox {sandbox_id} is {record.state}; try again")
+    node.owners.begin_kill(sandbox_id)
+    await mark_killing(node, sandbox_id, reason)
+    node.streams.abort(sandbox_id)
+    if node.spiller is not None:
+        node.spiller.cancel(sandbox_id)
+    task = node.owners.start_kill(sandbox_id, lambda: _finish(node, sandbox_id),
+                                  deadline=node.settings.kill_deadline_s)
+    await _answer(node, task)
+
+
+async def mark_killing(node: Node, sandbox_id: str, reason: str | None = None
+                       ) -> SandboxRecord | None:
+    """Write ``killing`` over whatever state the record is in (every state may go there);
+    None if the record is gone."""
+    for _ in range(_MARK_ATTEMPTS):
+        record = await node.store.get(sandbox_id)
+        if record is None:
+            return None
+        if record.state == SandboxState.KILLING and (reason is None or record.last_error):
+            return record
+        changes: dict[str, object] = {"state": SandboxState.KILLING}
+        if reason is not None:
+            changes["last_error"] = reason
+        try:
+            return await node.store.update(record, **changes)
+        except Conflict:
+            await asyncio.sleep(0)  # the preempted operation wrote meanwhile: read again
+    raise Conflict(f"sandbox {sandbox_id} keeps changing; its kill is retried")
+
+
+async def _answer(node: Node, task: asyncio.Task[None]) -> None:
+    done, _ = await asyncio.wait({task}, timeout=node.settings.kill_answer_s)
+    if not done:
+        log.warning("the kill of %s goes on in the background", task.get_name())
+        return
+    exc = task.exception() if not task.cancelled() else None
+    if isinstance(exc, AenvError):
+        # Gone for its user; the TTL loop finishes what the teardown could not.
+        log.warning("%s: %s; the TTL loop tries again", task.get_name(), exc.message)
+    elif exc is not None:
+        log.error("%s failed", task.get_name(), exc_info=exc)
+
+
+async def _finish(node: Node, sandbox_id: str) -> None:
+    # The latest record: a preempted operation may have changed what the sandbox holds.
+    record = await node.store.get(sandbox_id)
+    if record is None:
+        return
     if record.state != SandboxState.KILLING:
-        record = await node.store.update(record, state=SandboxState.KILLING)
-    # Once marked, finish even if the caller goes away.
-    await asyncio.shield(_finish(node, record))
-
-
-async def _finish(node: Node, record: SandboxRecord) -> None:
+        record = await mark_killing(node, sandbox_id)
+        if record is None:
+            return
     await teardown(node, record)
-    disk_mode.forget(node, record.sandbox_id)
+    disk_mode.forget(node, sandbox_id)
     if paused_repo.published(record):
         try:
-            await paused_repo.unpublish(node, record.sandbox_id)
+            await paused_repo.unpublish(node, sandbox_id)
         except AenvError as exc:
             # The sandbox is gone here; a stale manifest only wastes space until GC.
             log.warning("killed %s, but could not remove its paused manifest: %s",
-                        record.sandbox_id, exc.message)
-    await node.store.delete(record)
+                        sandbox_id, exc.message)
+    await node.store.delete(await node.store.require(sandbox_id))
+    node.owners.forget_error(sandbox_id)

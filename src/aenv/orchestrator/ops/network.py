@@ -20,11 +20,18 @@ from aenv.orchestrator.instance_codec import decode
 async def update_network(
     node: Node, sandbox_id: str, allow_internet_access: bool | None, network: dict[str, Any]
 ) -> None:
-    record = await node.store.require(sandbox_id)
-    if record.state != SandboxState.RUNNING:
-        raise Conflict(f"sandbox {sandbox_id} is {record.state}")
     policy = policy_from(allow_internet_access, network)
-    slot, _ = decode(record.instance, sandbox_id)
-    assert slot is not None
-    await node.pool.set_egress(slot, policy)
-    await node.store.update(record, allow_internet_access=allow_internet_access, network=network)
+    await node.store.require(sandbox_id)
+
+    async def owned() -> None:
+        record = await node.store.require(sandbox_id)
+        if record.state != SandboxState.RUNNING:
+            raise Conflict(f"sandbox {sandbox_id} is {record.state.public}")
+        slot, _ = decode(record.instance, sandbox_id)
+        if slot is None:
+            raise Conflict(f"sandbox {sandbox_id} has no network to update")
+        await node.pool.set_egress(slot, policy)
+        await node.store.update(record, allow_internet_access=allow_internet_access,
+                                network=network)
+
+    await node.owners.run(sandbox_id, "network", owned)

@@ -44,39 +44,41 @@ _PAUSED = {SandboxState.PAUSED, SandboxState.PAUSING}
 
 
 async def pause(node: Node, sandbox_id: str, *, require_healthy: bool = False,
-                memory: bool = True, unless: Callable[[], bool] | None = None
-                ) -> SandboxRecord:
+                memory: bool = True, unless: Callable[[], bool] | None = None,
+                wait: float | None = None) -> SandboxRecord:
     """``require_healthy`` (E2B ``requireHealthyGuest``): refuse (409) when envd does not
     answer, instead of pausing a guest that may be wedged; otherwise such a pause goes ahead
     and the record says ``envd_unresponsive`` (shown as ``envdUnresponsiveAtPause``).
     ``memory=False`` on a node with disk workspaces keeps only the files (``fs_pause.py``);
     elsewhere the files live in memory, so the pause keeps both. ``unless`` is asked once
     the sandbox is owned: true gives it back running (``Conflict``) — the idle pause's last
-    look for traffic that arrived while the record was read."""
+    look for traffic that arrived while the record was read. ``wait``: how long to wait for
+    the sandbox's turn (0: background work, skipped while another operation holds it)."""
+    return await node.owners.run(
+        sandbox_id, "pause",
+        lambda: _pause(node, sandbox_id, require_healthy, memory, unless), wait=wait)
+
+
+async def _pause(node: Node, sandbox_id: str, require_healthy: bool, memory: bool,
+                 unless: Callable[[], bool] | None) -> SandboxRecord:
     record = await node.store.require(sandbox_id)
     if record.state in _PAUSED:
         raise Conflict(f"sandbox {sandbox_id} is already paused")
     if record.state != SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is {record.state}; try again")
+    if unless is not None and unless():
+        raise Conflict(f"sandbox {sandbox_id} is in use; not paused")
     # Owned before the guest is asked: a snapshot or fork that won the sandbox freezes it,
     # and a health request of ours still in flight into the frozen guest stalls that freeze
     # (measured with disk workspaces: the control socket's Pause unanswered for 10 s).
     record = await node.store.update(record, state=SandboxState.PAUSING)
-    if unless is not None and unless():
-        await node.store.update(record, state=SandboxState.RUNNING)
-        raise Conflict(f"sandbox {sandbox_id} is in use; not paused")
-    return await asyncio.shield(_pause_owned(node, record, require_healthy, memory))
-
-
-async def _pause_owned(node: Node, record: SandboxRecord, require_healthy: bool,
-                       memory: bool) -> SandboxRecord:
     try:
         healthy = await _guest_answers(node, record)
     except BaseException:
-        await node.store.update(record, state=SandboxState.RUNNING)
+        await _back_to(node, record, SandboxState.RUNNING)
         raise
     if not healthy and require_healthy:
-        await node.store.update(record, state=SandboxState.RUNNING)
+        await _back_to(node, record, SandboxState.RUNNING)
         raise Conflict(f"sandbox {record.sandbox_id}: envd does not answer, so it was not "
                        "paused (requireHealthyGuest)")
     if not memory and disk_mode.on_disk(node):
@@ -86,6 +88,15 @@ async def _pause_owned(node: Node, record: SandboxRecord, require_healthy: bool,
         record = await node.store.update(
             record, instance={**(record.instance or {}), "envd_unresponsive": True})
     return await _freeze(node, record)
+
+
+async def _back_to(node: Node, record: SandboxRecord, state: SandboxState) -> None:
+    """Give the sandbox back in ``state`` from the transitional one it is in now (the
+    latest record: another field may have been written meanwhile). A kill that preempted
+    the operation has written ``killing``: then nothing is given back."""
+    current = await node.store.get(record.sandbox_id)
+    if current is not None and current.state == record.state:
+        await node.store.update(current, state=state)
 
 
 async def _guest_answers(node: Node, record: SandboxRecord) -> bool:
@@ -111,7 +122,7 @@ async def _freeze(node: Node, record: SandboxRecord) -> SandboxRecord:
         log.warning("the freeze of %s is in doubt: writing it to disk", record.sandbox_id)
         return await _frozen(node, record, spill_in=0.0)
     except BaseException:
-        await node.store.update(record, state=SandboxState.RUNNING)
+        await _back_to(node, record, SandboxState.RUNNING)
         raise
     return await _frozen(node, record, spill_in=None)
 
@@ -130,14 +141,26 @@ def image_dir(node: Node, sandbox_id: str) -> Path:
     return node.paused_dir / sandbox_id
 
 
-async def spill(node: Node, sandbox_id: str) -> SandboxRecord | None:
+async def spill(node: Node, sandbox_id: str, *, wait: float = 0.0) -> SandboxRecord | None:
     """Write a frozen sandbox's memory to disk and free it. None if there is nothing to do
-    (not paused, already on disk, or gone)."""
+    (not paused, already on disk, or gone). ``Conflict`` while another operation holds the
+    sandbox (``wait``: how long to wait for its turn)."""
+    record = await node.owners.run(sandbox_id, "spill", lambda: _spill_owned(node, sandbox_id),
+                                   wait=wait)
+    if record is None:
+        return None
+    # Durable here first, then in the repository for any node to resume (a failure there
+    # leaves it paused on this node only). Outside the turn: a resume need not wait for the
+    # repository, and a resume or kill that overtakes the publish makes it stand down.
+    return await paused_repo.publish_or_keep(node, record)
+
+
+async def _spill_owned(node: Node, sandbox_id: str) -> SandboxRecord | None:
     record = await node.store.get(sandbox_id)
     if record is None or record.state != SandboxState.PAUSED or not frozen(record.instance):
         return None
     record = await node.store.update(record, state=SandboxState.PAUSING)
-    return await asyncio.shield(_spill(node, record))
+    return await _spill(node, record)
 
 
 async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
@@ -159,7 +182,7 @@ async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
         fault("spill.sealed")
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, partial, True)
-        await node.store.update(record, state=SandboxState.PAUSED)
+        await _back_to(node, record, SandboxState.PAUSED)
         raise
     # Free the runtime and slot *before* the record says "on disk": a resume that starts
     # once it does must not meet the old container under the same runsc id. A crash in
@@ -169,21 +192,20 @@ async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
     except BaseException:
         # Still frozen and whole: stay the hot kind of paused; the spill is tried again.
         await asyncio.to_thread(shutil.rmtree, final, True)
-        await node.store.update(record, state=SandboxState.PAUSED)
+        await _back_to(node, record, SandboxState.PAUSED)
         raise
     fault("spill.destroyed")
     await node.guests.forget(slot)
     await node.pool.release(slot)
     data = {k: v for k, v in (record.instance or {}).items()
             if k in ("envd_bundle", "envd_unresponsive")}
+    record = await node.store.require(sid)
     record = await node.store.update(
         record, state=SandboxState.PAUSED, instance={**data, "image": str(final)}
     )
     log.info("paused %s to disk in %.0f ms (%.1f MB)", sid,
              (time.monotonic() - started) * 1000, image.size_bytes / 1e6)
-    # Durable here first, then in the repository for any node to resume (a failure there
-    # leaves it paused on this node only).
-    return await paused_repo.publish_or_keep(node, record)
+    return record
 
 
 def _seal(partial: Path, final: Path) -> None:

@@ -48,43 +48,50 @@ from aenv.orchestrator.instance_codec import (
 from aenv.orchestrator.ops import fs_pause
 from aenv.orchestrator.ops.boot import Laps, release
 from aenv.orchestrator.ops.lifetime import set_timeout
-from aenv.orchestrator.ops.settle import settled
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.precreated import Precreated, shape
+from aenv.orchestrator.unwind import to_the_end
 from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.resume")
 
-_RETRIES = 5
-
-
 async def resume(
     node: Node, sandbox_id: str, timeout_s: int | None
 ) -> tuple[SandboxRecord, bool]:
     seconds = node.settings.default_timeout_s if timeout_s is None else timeout_s
-    for _ in range(_RETRIES):
-        try:
-            record = await settled(node, sandbox_id)
-        except NotFound:
-            # Paused by another node sharing the repository?
-            if await paused_repo.adopt(node, sandbox_id) is None:
-                raise
-            record = await settled(node, sandbox_id)
-        if record.state == SandboxState.RUNNING:
-            return await set_timeout(node, sandbox_id, seconds, allow_shorter=False), False
-        if record.state == SandboxState.KILLING:
+    record = await node.store.get(sandbox_id)
+    if record is None:
+        # Paused by another node sharing the repository?
+        if await paused_repo.adopt(node, sandbox_id) is None:
             raise NotFound(f"sandbox {sandbox_id} not found")
-        if record.state != SandboxState.PAUSED:
-            raise Conflict(f"sandbox {sandbox_id} is {record.state}")
-        try:
-            record = await node.store.update(record, state=SandboxState.RESUMING)
-        except Conflict:
-            continue  # someone else moved it first (the spiller): look again
-        if node.spiller is not None:
-            node.spiller.cancel(sandbox_id)
-        return await asyncio.shield(_resume(node, record, seconds)), True
-    raise Conflict(f"sandbox {sandbox_id} is busy; try again")
+    elif record.state == SandboxState.RUNNING and not node.owners.busy(sandbox_id):
+        # Only the end time changes: no turn needed (``set_end_at`` races nothing).
+        return await set_timeout(node, sandbox_id, seconds, allow_shorter=False), False
+    return await node.owners.run(sandbox_id, "resume",
+                                 lambda: _resume_owned(node, sandbox_id, seconds))
+
+
+async def _resume_owned(node: Node, sandbox_id: str, seconds: int
+                        ) -> tuple[SandboxRecord, bool]:
+    record = await node.store.require(sandbox_id)
+    if record.state == SandboxState.RUNNING:
+        return await set_timeout(node, sandbox_id, seconds, allow_shorter=False), False
+    if record.state == SandboxState.KILLING:
+        raise NotFound(f"sandbox {sandbox_id} not found")
+    if record.state != SandboxState.PAUSED:
+        raise Conflict(f"sandbox {sandbox_id} is {record.state}; try again")
+    record = await node.store.update(record, state=SandboxState.RESUMING)
+    if node.spiller is not None:
+        node.spiller.cancel(sandbox_id)
+    return await _resume(node, record, seconds), True
+
+
+async def _to_paused(node: Node, record: SandboxRecord, **changes: object) -> None:
+    """Give a resume that failed back as paused (unless a kill took the sandbox meanwhile)."""
+    current = await node.store.get(record.sandbox_id)
+    if current is not None and current.state == SandboxState.RESUMING:
+        await node.store.update(current, state=SandboxState.PAUSED, **changes)
 
 
 async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRecord:
@@ -98,13 +105,13 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
         except InDoubt as exc:
             # Whether it runs is unknown, and a second resume could kill it: write it to disk
             # (right either way); a resume after that restores it.
-            await node.store.update(record, state=SandboxState.PAUSED)
+            await _to_paused(node, record)
             if node.spiller is not None:
                 node.spiller.schedule(record.sandbox_id, delay=0.0)
             raise Unavailable(f"sandbox {record.sandbox_id} is being written to disk after a "
                               "resume that got no answer; try again in a few seconds") from exc
         except BaseException:
-            await node.store.update(record, state=SandboxState.PAUSED)
+            await _to_paused(node, record)
             raise
         data = {k: v for k, v in (record.instance or {}).items() if k != "frozen"}
         consumed = None
@@ -129,9 +136,17 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
         consumed = paused_image(record.instance)
         how = "restored"
     now = node.clock()
-    record = await node.store.update(
-        record, state=SandboxState.RUNNING, instance=data, end_at=now + seconds
-    )
+    try:
+        record = await node.store.update(
+            await node.store.require(record.sandbox_id), state=SandboxState.RUNNING,
+            instance=data, end_at=now + seconds)
+    except BaseException:
+        if how != "thawed":
+            # The new runtime and slot are only in ``data``: a kill that took the record
+            # meanwhile tears down what the record names, so release them here.
+            slot, instance = decode(data, record.sandbox_id)
+            await to_the_end(_undo(node, record, slot, instance))
+        raise
     if consumed is not None:
         # The record no longer names it: a crash before this line leaves a stray image
         # that recovery deletes (and a stray manifest, which the next pause replaces).
@@ -155,7 +170,7 @@ async def _restore(
     sid = record.sandbox_id
     image_path = paused_image(record.instance)
     if image_path is None:
-        await node.store.update(record, state=SandboxState.PAUSED)
+        await _to_paused(node, record)
         raise FailedPrecondition(f"paused sandbox {sid} has no memory image")
     bundle = envd_bundle_of(record.instance, node.envd_bundle)
     policy = policy_from(record.allow_internet_access, record.network)
@@ -191,7 +206,7 @@ async def _restore(
             await envd.wait_ready(node.settings.envd_ready_timeout_s, restored=True)
         lap("envd_ready")
     except BaseException:
-        await asyncio.shield(_undo(node, record, slot, instance))
+        await to_the_end(_undo(node, record, slot, instance))
         raise
     return record, instance_json(slot, instance, envd_bundle=bundle)
 
@@ -213,7 +228,7 @@ async def _adopt_precreated(node: Node, record: SandboxRecord, bundle: Path
     try:
         await node.rootfs.adopt(record.sandbox_id, pre.sandbox_id)
     except BaseException as exc:
-        await asyncio.shield(release(node, pre.sandbox_id, pre.slot, pre.instance))
+        await to_the_end(release(node, pre.sandbox_id, pre.slot, pre.instance))
         if isinstance(exc, Conflict):
             log.warning("resuming %s afresh: %s", record.sandbox_id, exc.message)
             return None
@@ -230,8 +245,9 @@ async def _undo(
         if slot is not None:
             await node.guests.forget(slot)
             await node.pool.release(slot)
-        data = {k: v for k, v in (record.instance or {}).items() if k != "slot"}
-        await node.store.update(record, state=SandboxState.PAUSED, instance=data)
+        current = await node.store.get(record.sandbox_id)
+        data = {k: v for k, v in ((current or record).instance or {}).items() if k != "slot"}
+        await _to_paused(node, record, instance=data)
     except Exception:
         log.exception("could not roll back the failed resume of %s; recovery will",
                       record.sandbox_id)

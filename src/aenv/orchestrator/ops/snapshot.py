@@ -16,7 +16,6 @@ and perhaps blobs without a manifest, which GC removes.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from pathlib import Path
@@ -38,11 +37,17 @@ log = logging.getLogger("aenv.orchestrator.snapshot")
 
 
 async def create_snapshot(node: Node, sandbox_id: str, name: str | None) -> Snapshot:
+    await node.store.require(sandbox_id)
+    return await node.owners.run(sandbox_id, "snapshot",
+                                 lambda: _snapshot_owned(node, sandbox_id, name))
+
+
+async def _snapshot_owned(node: Node, sandbox_id: str, name: str | None) -> Snapshot:
     record = await node.store.require(sandbox_id)
     if record.state != SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is {record.state.public}; snapshot a running one")
     record = await node.store.update(record, state=SandboxState.SNAPSHOTTING)
-    return await asyncio.shield(_snapshot(node, record, name))
+    return await _snapshot(node, record, name)
 
 
 async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snapshot:

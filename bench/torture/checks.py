@@ -1,0 +1,162 @@
+"""The torture's invariants at the end of a run: every sandbox settles, keeps its files, dies
+within the kill bound, and leaves nothing behind on the host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+from e2b import Sandbox
+
+from bench.torture.actions import KILL_S, _digest
+from bench.torture.world import Known, World
+
+#: Every sandbox is running or paused, with no operation holding it, this soon after the
+#: last call (a resume from disk or a spill takes 1-3 s here, under load up to ~10).
+SETTLE_S = 45.0
+
+
+def settled(world: World, api: httpx.Client) -> dict[str, str]:
+    """Wait for every sandbox the clients did not kill to settle; its state by id."""
+    states: dict[str, str] = {}
+    deadline = time.monotonic() + SETTLE_S
+    pending = {k.sandbox_id: k for k in world.live()}
+    while pending and time.monotonic() < deadline:
+        for sid, known in list(pending.items()):
+            r = api.get(f"/sandboxes/{sid}")
+            if r.status_code == 404:
+                if not known.expires:
+                    world.violate(f"sandbox {sid} is gone without a kill: {r.text[:200]}")
+                known.killed = True
+                del pending[sid]
+                continue
+            if r.status_code != 200:
+                world.violate(f"info of {sid}: {r.status_code} {r.text[:200]}")
+                del pending[sid]
+                continue
+            now = r.json().get("aenv", {})
+            if now.get("state") in ("running", "paused") and not now.get("operation"):
+                states[sid] = now["state"]
+                del pending[sid]
+        time.sleep(0.2)
+    for sid in pending:
+        world.violate(f"sandbox {sid} did not settle within {SETTLE_S:.0f} s")
+    return states
+
+
+def files_kept(world: World, states: dict[str, str]) -> None:
+    """Every file every sandbox was told it kept, byte for byte (resumed first if paused)."""
+    for sid, state in states.items():
+        known = world.sandboxes[sid]
+        try:
+            sbx = Sandbox.connect(sid, timeout=120)  # resumes a paused one
+            for path, digest in known.files.items():
+                if _digest(sbx.files.read(path)) != digest:
+                    world.violate(f"checksum drift in {sid}:{path} (was {state})")
+        except Exception as exc:
+            world.violate(f"files of {sid} ({state}) unreadable: {exc!r}"[:300])
+
+
+def kill_all(world: World, api: httpx.Client) -> None:
+    for known in world.live():
+        known.killed = True
+        started = time.monotonic()
+        r = api.delete(f"/sandboxes/{known.sandbox_id}")
+        took = time.monotonic() - started
+        world.kill_seconds.append(took)
+        if r.status_code not in (204, 404) or took > KILL_S:
+            world.violate(f"final kill of {known.sandbox_id}: {r.status_code} in {took:.1f} s")
+    for snapshot_id in sorted(world.snapshots):
+        r = api.delete(f"/templates/{snapshot_id}")
+        if r.status_code not in (204, 404):
+            world.violate(f"delete of snapshot {snapshot_id}: {r.status_code}")
+
+
+def leaks(world: World, home: Path, slot_range: tuple[int, int], slots_before: int) -> None:
+    """Nothing of any sandbox the run made is left: runsc processes, cgroups, rootfs and
+    runtime directories, memory images, mounts, loop devices, paused manifests, staging; and
+    the network slots are back to what the pools held before the run."""
+    ids = set(world.sandboxes)
+    deadline = time.monotonic() + 30
+    found: list[str] = []
+    while time.monotonic() < deadline:
+        found = _leftovers(ids, home) + _slots(slot_range, slots_before)
+        if not found:
+            return
+        time.sleep(1)
+    for what in found:
+        world.violate(f"leak: {what}")
+
+
+def _leftovers(ids: set[str], home: Path) -> list[str]:
+    found: list[str] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if f"--root={home}/runtime/runsc" in argv and any(i in argv for i in ids):
+            found.append(f"process {entry.name}: {argv[:120]}")
+    for root in Path("/sys/fs/cgroup").iterdir():
+        parent = root / "aenv"
+        if parent.is_dir():
+            found += [f"cgroup {d}" for d in parent.iterdir() if d.name in ids]
+    for sub in ("sandboxes", "runtime", "paused"):
+        directory = home / sub
+        if directory.is_dir():
+            found += [f"{sub}/{d.name}" for d in directory.iterdir()
+                      if d.name.removesuffix(".partial") in ids]
+    mounts = Path("/proc/self/mountinfo").read_text()
+    found += [f"mount {line.split()[4]}" for line in mounts.splitlines()
+              if any(i in line for i in ids)]
+    loops = subprocess.run(["losetup", "-J", "-l"], capture_output=True, text=True).stdout
+    for device in json.loads(loops or '{"loopdevices": []}').get("loopdevices", []):
+        backing = device.get("back-file") or ""
+        if any(i in backing for i in ids):
+            found.append(f"loop device {device['name']} on {backing}")
+    manifests = home / "repository" / "manifests"
+    if manifests.is_dir():
+        found += [f"manifest {m.name}" for m in manifests.iterdir()
+                  if m.name.removeprefix("paused-").split(".")[0] in ids]
+    staging = home / "staging"
+    if staging.is_dir():
+        found += [f"staging/{s.name}" for s in staging.iterdir()]
+    return found
+
+
+def slots_in_use(slot_range: tuple[int, int]) -> int:
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    first, last = slot_range
+    count = 0
+    for line in names.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith("aenv-") and name[5:].isdigit() and first <= int(name[5:]) <= last:
+            count += 1
+    return count
+
+
+def _slots(slot_range: tuple[int, int], before: int) -> list[str]:
+    now = slots_in_use(slot_range)
+    return [f"{now - before} network slots more than before the run"] if now > before else []
+
+
+def report(world: World) -> str:
+    kills = sorted(world.kill_seconds)
+    p = (lambda q: kills[min(len(kills) - 1, int(q * len(kills)))]) if kills else (lambda q: 0.0)
+    lines = [f"sandboxes {len(world.sandboxes)}, calls {sum(world.outcomes.values())}, "
+             f"kills {len(kills)} (p50 {p(0.5):.2f} s, max {max(kills, default=0):.2f} s), "
+             f"violations {len(world.violations)}"]
+    by_op: dict[str, list[str]] = {}
+    for (op, outcome), n in sorted(world.outcomes.items()):
+        by_op.setdefault(op, []).append(f"{outcome} x{n}")
+    lines += [f"  {op}: {', '.join(v)}" for op, v in by_op.items()]
+    lines += [f"  VIOLATION {v}" for v in world.violations[:50]]
+    return "\n".join(lines)
+
+
+__all__ = ["Known", "files_kept", "kill_all", "leaks", "report", "settled", "slots_in_use"]
