@@ -108,11 +108,12 @@ def fork(world: World, api: httpx.Client, rng: random.Random, known: Known) -> N
 
 
 def kill(world: World, api: httpx.Client, rng: random.Random, known: Known) -> None:
-    known.killed = True
     started = time.monotonic()
     r = api.delete(f"/sandboxes/{known.sandbox_id}")
     took = time.monotonic() - started
     _status(world, "kill", r, known.sandbox_id)
+    # Killed only once the node said so (a kill sent to a node being restarted never ran).
+    known.killed = r.status_code in (204, 404)
     with world.lock:
         world.kill_seconds.append(took)
     if took > KILL_S:

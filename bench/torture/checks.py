@@ -61,10 +61,14 @@ def files_kept(world: World, states: dict[str, str]) -> None:
 
 
 def kill_all(world: World, api: httpx.Client) -> None:
-    for known in world.live():
-        known.killed = True
+    for known in list(world.sandboxes.values()):
+        # Every one, the killed ones too: a kill answered 204 must find it gone (404).
         started = time.monotonic()
         r = api.delete(f"/sandboxes/{known.sandbox_id}")
+        if known.killed and r.status_code != 404:
+            world.violate(f"{known.sandbox_id} was killed, but a second kill answered "
+                          f"{r.status_code}")
+        known.killed = True
         took = time.monotonic() - started
         world.kill_seconds.append(took)
         if r.status_code not in (204, 404) or took > KILL_S:

@@ -80,6 +80,8 @@ def bwrap_argv(scratch: Path, inner: list[str], *, extra_ro: list[Path]) -> list
         "--dir", "/var/tmp", "--dir", "/run",
         "--cap-drop", "ALL",
     ]
+    if (scratch / "sudo").exists():
+        argv += _local_bin_with_sudo(scratch / "sudo")
     for cap in CAPS:
         argv += ["--cap-add", cap]
     for path in extra_ro:
@@ -205,6 +207,24 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 60
     raise TimeoutError(f"envd at {url} not healthy after {timeout}s")
 
 
+def _install_sudo(scratch: Path, bundle: Path | None) -> None:
+    source = bundle / "bin" / "sudo" if bundle is not None else dev_static("sudo.c", "sudo")
+    shutil.copy2(source, scratch / "sudo")
+
+
+def _local_bin_with_sudo(sudo: Path) -> list[str]:
+    """The sudo stand-in at /usr/local/bin/sudo, as the node mounts it, beside the host's
+    /usr/local/bin (a bind over a file that does not exist needs a writable directory)."""
+    local = Path("/usr/local/bin")
+    argv = ["--tmpfs", str(local)]
+    for entry in sorted(local.iterdir()) if local.is_dir() else []:
+        if entry.is_symlink():
+            argv += ["--symlink", os.readlink(entry), str(entry)]
+        elif entry.name != "sudo":
+            argv += ["--ro-bind", str(entry), str(entry)]
+    return [*argv, "--ro-bind", str(sudo), str(local / "sudo")]
+
+
 def start_envd(
     port: int, *, bundle: Path | None = None, scratch: Path | None = None,
     exec_helper: bool = True,
@@ -214,6 +234,7 @@ def start_envd(
     owns = scratch is None
     scratch = scratch or Path(tempfile.mkdtemp(prefix="aenv-envd-"))
     prepare_root(scratch)
+    _install_sudo(scratch, bundle)
     inner, paths = envd_command(port, bundle, exec_helper=exec_helper)
     log_path = scratch / "envd.log"
     with open(log_path, "ab") as log:

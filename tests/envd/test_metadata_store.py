@@ -56,4 +56,5 @@ def test_entries_of_vanished_files_are_dropped_on_save(tmp_path: Path) -> None:
     (tmp_path / "a").unlink()
     store.put(str(tmp_path / "b"), {"n": "b2"})
     assert "/a" not in (tmp_path / "store" / "file-metadata.json").read_text().replace(
-        str(tmp_path), "")
+        str(tmp_path), ""
+    )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from e2b import CommandExitException, Sandbox
 
+from aenv.envd.sudoers import granted_user_lists, may_sudo
 from tests.envd.harness import dev_static
 
 
@@ -49,3 +52,60 @@ def test_interrupted_sudo_kills_its_command(sandbox: Sandbox, sudo: str) -> None
     while "sleep 33.3" in sandbox.commands.run("ps -eo args").stdout:
         assert time.monotonic() < deadline, "the command outlived its sudo"
         time.sleep(0.1)
+
+
+def test_scoped_env_vars_do_not_reach_a_later_sudo(sandbox: Sandbox) -> None:
+    # E2B's own SDK test (test_bash_command_scoped_env_vars), with the stand-in on PATH as
+    # the node has it.
+    assert sandbox.commands.run("echo $FOO", envs={"FOO": "bar"}).stdout == "bar\n"
+    cmd = sandbox.commands.run('sudo echo "$FOO"; sudo env')
+    assert cmd.exit_code == 0
+    assert cmd.stdout.startswith("\n") and "FOO" not in cmd.stdout
+
+
+def test_users_without_sudo_get_a_clear_refusal(sandbox: Sandbox) -> None:
+    for user, command in (
+        ("nobody", "sudo -n id"),
+        ("root", "setpriv --reuid 12345 --regid 12345 --clear-groups sudo -n id"),
+    ):
+        with pytest.raises(CommandExitException) as info:
+            sandbox.commands.run(command, user=user, cwd="/tmp")
+        assert info.value.exit_code == 1
+        assert "uid=0" not in info.value.stdout
+        assert "is not in the sudoers file" in info.value.stderr
+    assert sandbox.commands.run("sudo -n id -u", user="root").stdout == "0\n"
+    assert sandbox.commands.run("sudo -n -u nobody id -un").stdout == "nobody\n"
+
+
+SUDOERS = """\
+# comments and Defaults say nothing about who
+Defaults env_reset
+#includedir /etc/sudoers.d
+root    ALL=(ALL:ALL) ALL
+%admins ALL=(ALL) NOPASSWD: ALL
+#{uid} ALL = (ALL : ALL) \\
+    ALL
+limited ALL=(ALL) NOPASSWD: /usr/bin/apt-get
+alice, bob ALL=(ALL) SETENV: NOPASSWD: ALL
+"""
+
+
+def test_sudoers_rules_that_grant_everything() -> None:
+    assert list(granted_user_lists(SUDOERS.format(uid=4242))) == [
+        ["root"], ["%admins"], ["#4242"], ["alice", "bob"],
+    ]
+
+
+def test_may_sudo_reads_the_images_sudoers(tmp_path: Path) -> None:
+    nobody = 65534
+    sudoers, drop_in = tmp_path / "sudoers", tmp_path / "sudoers.d"
+    drop_in.mkdir()
+    assert may_sudo(0, sudoers, drop_in)
+    assert not may_sudo(nobody, sudoers, drop_in)
+    (drop_in / "nobody").write_text("nobody ALL=(ALL) NOPASSWD: /usr/bin/id\n")
+    assert not may_sudo(nobody, sudoers, drop_in)  # the stand-in cannot limit commands
+    (drop_in / "nobody.dpkg-old").write_text("nobody ALL=(ALL) NOPASSWD: ALL\n")
+    assert not may_sudo(nobody, sudoers, drop_in)  # sudo skips names with a dot
+    sudoers.write_text(SUDOERS.format(uid=nobody))
+    assert may_sudo(nobody, sudoers, drop_in)
+    assert not may_sudo(4242, sudoers, drop_in)  # no account: sudoers names only accounts

@@ -57,8 +57,12 @@ def test_file_operations_run_as_the_user(sandbox: Sandbox) -> None:
 
 
 def _fork(node: NodeServer, sandbox_id: str) -> str:
-    response = httpx.post(f"{node.url}/sandboxes/{sandbox_id}/fork", json={"count": 1},
-                          headers={"X-API-KEY": API_KEY}, timeout=300)
+    response = httpx.post(
+        f"{node.url}/sandboxes/{sandbox_id}/fork",
+        json={"count": 1},
+        headers={"X-API-KEY": API_KEY},
+        timeout=300,
+    )
     assert response.status_code == 201, response.text
     return str(response.json()[0]["sandbox"]["sandboxID"])
 

@@ -78,6 +78,7 @@ def test_a_ptrace_frozen_envd_is_noticed_refused_and_cleared(
           f"{info['envdUnresponsiveReason']}")
     assert info["state"] == "running"
     assert "envd" in info["envdUnresponsiveReason"]
+    assert sandbox.get_info().sandbox_id == sid  # the SDK's model ignores the extra keys
 
     # A proxied request to envd: E2B's 502 shape at once, not a hang.
     started = time.monotonic()

@@ -3,16 +3,18 @@ a caller that sudo would allow.
 
 Runtimes such as gVisor set no_new_privs on every task, so setuid sudo cannot gain root. The
 stand-in connects to ``/run/aenv/sudo.sock`` and passes its request and its stdin/stdout/stderr.
-envd allows callers whose uid (``SO_PEERCRED``, set by the kernel, not the caller) is root or a
-member of the ``sudo`` group — what E2B's ``user ALL=(ALL) NOPASSWD: ALL`` grants. If the
-stand-in goes away (Ctrl-C), the command's session is killed.
+Who the caller is comes from ``SCM_CREDENTIALS`` on the request (``SO_PASSCRED``): the kernel
+checks what a sender claims there (only its own pid, and one of its own uids unless it has
+CAP_SETUID) and fills it in when the sender sends none. ``SO_PEERCRED`` is not used: gVisor
+(runsc 20240729) answers it with the *asking* task's credentials, so envd saw every caller as
+root. ``sudoers.py`` decides who may. If the stand-in goes away (Ctrl-C), the command's session
+is killed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import grp
 import logging
 import os
 import pwd
@@ -27,6 +29,7 @@ from typing import Protocol
 from aenv.core.errors import AenvError, PermissionDenied
 from aenv.envd.process.manager import DEFAULT_PATH
 from aenv.envd.process.spawn import spawn_with_fds
+from aenv.envd.sudoers import caller_name, may_sudo
 from aenv.envd.users import lookup_user
 
 log = logging.getLogger("aenv.envd.sudo")
@@ -34,7 +37,9 @@ log = logging.getLogger("aenv.envd.sudo")
 SOCKET_PATH = "/run/aenv/sudo.sock"
 MAGIC = "aenv-sudo-1"
 MAX_REQUEST = 4 * 1024 * 1024
-SUDO_GROUP = "sudo"
+#: Room for the three passed descriptors and one ``struct ucred``, each its own message.
+_ANCILLARY = socket.CMSG_SPACE(3 * 4) + socket.CMSG_SPACE(struct.calcsize("iII"))
+_FIRST_READ = 64 * 1024
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -63,17 +68,6 @@ def parse(payload: bytes) -> Request:
         raise ValueError("truncated sudo request")
     env = dict(e.split("=", 1) for e in env_list if "=" in e)
     return Request(user, cwd, flags, argv, env)
-
-
-def allowed(uid: int) -> bool:
-    if uid == 0:
-        return True
-    try:
-        entry = pwd.getpwuid(uid)
-        group = grp.getgrnam(SUDO_GROUP)
-    except KeyError:
-        return False
-    return entry.pw_gid == group.gr_gid or entry.pw_name in group.gr_mem
 
 
 def command_for(request: Request, caller_uid: int) -> tuple[list[str], dict[str, str], str]:
@@ -125,8 +119,11 @@ class SudoServer:
             os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
             Path(self.path).unlink(missing_ok=True)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            # Set before listen() so that accepted connections inherit it (Linux and gVisor)
+            # and a request's first bytes already carry the sender's credentials.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             sock.bind(self.path)
-            Path(self.path).chmod(0o666)  # anyone may ask; the peer uid decides
+            Path(self.path).chmod(0o666)  # anyone may ask; the sender's credentials decide
             sock.listen(64)
             sock.setblocking(False)
         except OSError as exc:
@@ -155,15 +152,14 @@ class SudoServer:
     async def _serve(self, conn: socket.socket) -> None:
         fds: list[int] = []
         try:
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            _pid, uid, _gid = struct.unpack("3i", creds)
-            payload, fds = await asyncio.to_thread(_receive, conn)
+            payload, fds, uid = await asyncio.to_thread(_receive, conn)
             try:
+                if uid is None:
+                    raise PermissionDenied("the request carried no sender credentials")
                 if len(fds) != 3:
                     raise ValueError("expected stdin, stdout and stderr")
-                if not allowed(uid):
-                    name = _name(uid)
-                    raise PermissionDenied(f"{name} is not in the sudoers file")
+                if not await asyncio.to_thread(may_sudo, uid):
+                    raise PermissionDenied(f"{caller_name(uid)} is not in the sudoers file")
                 request = parse(payload)
                 argv, env, cwd = command_for(request, uid)
                 popen = spawn_with_fds(
@@ -188,33 +184,45 @@ class SudoServer:
             conn.close()
 
 
-def _name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
+def _receive(conn: socket.socket) -> tuple[bytes, list[int], int | None]:
+    """The request, the descriptors passed with it and the sender's uid (``None`` when its
+    first bytes came without credentials)."""
     conn.setblocking(True)
     conn.settimeout(10)
-    header = b""
-    while len(header) < 4:
-        chunk = conn.recv(4 - len(header))
-        if not chunk:
-            raise ValueError("short request")
-        header += chunk
-    (size,) = struct.unpack(">I", header)
-    if size > MAX_REQUEST:
-        raise ValueError("request too large")
-    data, fds, _flags, _addr = socket.recv_fds(conn, size, 3)
-    while len(data) < size:
-        chunk = conn.recv(size - len(data))
-        if not chunk:
-            raise ValueError("short request")
-        data += chunk
+    data, ancillary, _flags, _addr = conn.recvmsg(_FIRST_READ, _ANCILLARY)
+    fds: list[int] = []
+    uid: int | None = None
+    for level, kind, body in ancillary:
+        if level != socket.SOL_SOCKET:
+            continue
+        if kind == socket.SCM_RIGHTS:
+            usable = len(body) - len(body) % 4
+            fds += list(struct.unpack(f"{usable // 4}i", body[:usable]))
+        elif kind == socket.SCM_CREDENTIALS and len(body) >= struct.calcsize("iII"):
+            pid, sender_uid, _gid = struct.unpack("iII", body[: struct.calcsize("iII")])
+            # Linux reports pid 0 (and the overflow uid) for bytes sent before SO_PASSCRED
+            # applied and without explicit credentials: not an identity.
+            uid = sender_uid if pid > 0 else None
+    try:
+        while len(data) < 4:
+            chunk = conn.recv(4 - len(data))
+            if not chunk:
+                raise ValueError("short request")
+            data += chunk
+        (size,) = struct.unpack(">I", data[:4])
+        if size > MAX_REQUEST:
+            raise ValueError("request too large")
+        while len(data) < 4 + size:
+            chunk = conn.recv(4 + size - len(data))
+            if not chunk:
+                raise ValueError("short request")
+            data += chunk
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     conn.setblocking(False)
-    return data, list(fds)
+    return data[4 : 4 + size], fds, uid
 
 
 async def _send(conn: socket.socket, data: bytes) -> None:

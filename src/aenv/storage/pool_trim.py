@@ -49,9 +49,9 @@ FSTRIM_TIMEOUT_S = 300.0
 _RETRY_S = 60.0
 #: A deleted image's blocks are freed when the kernel drops the file's last reference, which
 #: the loop device that backed it drops from a workqueue: measured 0.05-2 s after the remove
-#: returned. So after a request the pool is looked at this often, for this long.
+#: returned, more under load. So after a request the pool is looked at this often, for this long.
 _AFTER_REQUEST_POLL_S = 0.25
-_AFTER_REQUEST_FOR_S = 5.0
+_AFTER_REQUEST_FOR_S = 10.0
 
 log = logging.getLogger("aenv.storage.pool_trim")
 

@@ -39,7 +39,6 @@ from aenv.core.errors import (
     NotFound,
     PermissionDenied,
 )
-from aenv.envd.filesystem.creds import as_root
 from aenv.envd.filesystem.metadata_store import store
 from aenv.envd.gen import filesystem_pb as pb
 
@@ -146,17 +145,13 @@ def read_metadata(path: str, real_path: str | None = None) -> dict[str, str]:
         except OSError:
             continue
         metadata[wire_str(name[len(METADATA_PREFIX):])] = value.decode("utf-8", "replace")
-    if metadata:
+    if metadata or not store().has_entries():
         return metadata
-    with as_root():
-        if not store().has_entries():
-            return {}
     try:
         key = real_path or os.path.realpath(path, strict=True)
     except (OSError, RuntimeError):
         return {}
-    with as_root():
-        return store().get(key)
+    return store().get(key)
 
 
 def write_metadata(fd: int, metadata: Mapping[str, str], path: str) -> None:
@@ -199,11 +194,10 @@ def _store_metadata(fd: int, path: str, metadata: dict[str, str]) -> None:
             raise OSError(errno.ENOENT, "no path")
     except OSError:
         real = os.path.realpath(path)
-    with as_root():
-        try:
-            store().put(real, metadata)
-        except OSError as exc:
-            raise os_failure(exc, "writing metadata") from exc
+    try:
+        store().put(real, metadata)
+    except OSError as exc:
+        raise os_failure(exc, "writing metadata") from exc
 
 
 def metadata_key(path: str) -> str:
@@ -218,12 +212,12 @@ def metadata_key(path: str) -> str:
 
 
 def forget_metadata(key: str) -> None:
-    with as_root(), contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):
         store().forget_tree(key)
 
 
 def move_metadata(source_key: str, destination_key: str) -> None:
-    with as_root(), contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):
         store().move_tree(source_key, destination_key)
 
 

@@ -13,7 +13,8 @@ renumbers them). envd keeps it right for what it does itself (uploads replace, R
 Move carries it along); a file a process renames loses it, one a process deletes and recreates
 under the same name inherits it. Entries whose file is gone are dropped on the next save.
 
-Only root reads or writes the store (callers wrap access in ``creds.as_root()``).
+Only root reads or writes the store's file; a job acting as a user borrows root for that
+(``creds.as_root``), after the user's own access to the file succeeded.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from aenv.envd.filesystem.creds import as_root
+
 #: Outside every home and the usual working directories; root-only.
 STORE_DIR = "/var/lib/aenv-envd"
 STORE_NAME = "file-metadata.json"
@@ -37,7 +40,7 @@ class MetadataStore:
         self.path = os.path.join(directory, STORE_NAME)
         self._lock = threading.Lock()
         self._entries: dict[str, dict[str, str]] = {}
-        self._stamp: tuple[int, int, int] | None = None
+        self._loaded = False
 
     def get(self, real_path: str) -> dict[str, str]:
         with self._lock:
@@ -83,46 +86,46 @@ class MetadataStore:
             for p in (*moved, *stale):
                 self._entries.pop(p, None)
             for p, m in moved.items():
-                self._entries[destination + p[len(source):]] = m
+                self._entries[destination + p[len(source) :]] = m
             self._save_locked()
 
     def _load_locked(self) -> None:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            self._entries, self._stamp = {}, None
-            return
-        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if stamp == self._stamp:
+        """Read the file once: envd is its only writer, and its memory is checkpointed with
+        the disk (a resume, fork or snapshot restore finds both as they were), so what it holds
+        stays true; an envd started afresh (a filesystem-only resume) reads it again."""
+        if self._loaded:
             return
         try:
-            with open(self.path, encoding="utf-8") as f:
+            with as_root(), open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
+        except FileNotFoundError:
+            data = {}
         except (OSError, ValueError):
             data = {}  # a torn or foreign file: metadata is best kept, never fatal
+        files = data.get("files") if isinstance(data, dict) else None
         self._entries = {
             str(p): {str(k): str(v) for k, v in m.items()}
-            for p, m in (data.get("files") or {}).items() if isinstance(m, dict)
-        } if isinstance(data, dict) else {}
-        self._stamp = stamp
+            for p, m in (files if isinstance(files, dict) else {}).items()
+            if isinstance(m, dict)
+        }
+        self._loaded = True
 
     def _save_locked(self) -> None:
-        self._entries = {p: m for p, m in self._entries.items() if _is_file(p)}
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"version": 1, "files": self._entries}, f, separators=(",", ":"))
-                f.flush()
-                os.fsync(f.fileno())
-            Path(tmp).replace(self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                Path(tmp).unlink()
-            raise
-        st = os.stat(self.path)
-        self._stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        with as_root():
+            self._entries = {p: m for p, m in self._entries.items() if _is_file(p)}
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump({"version": 1, "files": self._entries}, f, separators=(",", ":"))
+                    f.flush()
+                    os.fsync(f.fileno())
+                Path(tmp).replace(self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    Path(tmp).unlink()
+                raise
 
 
 def _within(path: str, top: str) -> bool:

@@ -4,12 +4,15 @@
  * gVisor (runsc 20240729) sets no_new_privs on every task, so the real, setuid sudo cannot
  * gain root. This stand-in asks envd, which runs as root, to run the command instead: it sends
  * the request and its own stdin/stdout/stderr (SCM_RIGHTS) over envd's Unix socket, waits, and
- * exits with the command's status. envd checks the caller's uid (SO_PEERCRED) against the
- * sudo group, so it grants exactly what "user ALL=(ALL) NOPASSWD: ALL" in a sudoers file would.
+ * exits with the command's status. The request carries this process's credentials
+ * (SCM_CREDENTIALS: the kernel refuses a pid or uid that is not the sender's own), and envd
+ * decides from the uid (envd/sudoers.py). SO_PEERCRED would be simpler, but gVisor answers it
+ * with the credentials of the task that asks, so envd would see every caller as root.
  *
  *   sudo [-n] [-E] [-H] [-i | -s] [-u USER] [--] [VAR=value ...] COMMAND [ARGS...]
  *
- * Request: NUL-terminated strings "aenv-sudo-1", user, cwd, flags ("E", "i", "s" or ""), the
+ * Request, in one sendmsg with SCM_RIGHTS (stdin, stdout, stderr) and SCM_CREDENTIALS: a
+ * 4-byte big-endian length, then NUL-terminated strings "aenv-sudo-1", user, cwd, flags ("E", "i", "s" or ""), the
  * number of argv strings, argv..., the number of env strings, env... Reply: a 4-byte big-endian
  * exit status, or 0xffffffff followed by an error message. If this process dies, envd sees the
  * socket close and kills the command.
@@ -126,21 +129,37 @@ int main(int argc, char **argv) {
         return 1;
     }
     uint32_t size = htonl((uint32_t)len);
-    if (write(fd, &size, sizeof size) != (ssize_t)sizeof size) { perror("sudo"); return 1; }
     int fds[3] = {0, 1, 2};
-    struct iovec iov = {.iov_base = buf, .iov_len = len};
-    char control[CMSG_SPACE(sizeof fds)];
-    memset(control, 0, sizeof control);
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
-                         .msg_controllen = sizeof control};
+    struct ucred self = {.pid = getpid(), .uid = getuid(), .gid = getgid()};
+    struct iovec iov[2] = {{.iov_base = &size, .iov_len = sizeof size},
+                           {.iov_base = buf, .iov_len = len}};
+    union {
+        char bytes[CMSG_SPACE(sizeof fds) + CMSG_SPACE(sizeof self)];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2, .msg_control = control.bytes,
+                         .msg_controllen = sizeof control.bytes};
     struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
     cmsg->cmsg_len = CMSG_LEN(sizeof fds);
     memcpy(CMSG_DATA(cmsg), fds, sizeof fds);
-    size_t sent = 0;
-    while (sent < len) {
-        ssize_t n = sent == 0 ? sendmsg(fd, &msg, 0) : write(fd, buf + sent, len - sent);
+    cmsg = CMSG_NXTHDR(&msg, cmsg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_CREDENTIALS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof self);
+    memcpy(CMSG_DATA(cmsg), &self, sizeof self);
+    ssize_t first;
+    do first = sendmsg(fd, &msg, 0); while (first < 0 && errno == EINTR);
+    if (first < 0) { perror("sudo"); return 1; }
+    /* The rest, if the socket took only part: envd already has the credentials. */
+    size_t sent = (size_t)first;
+    size_t total = sizeof size + len;
+    while (sent < total) {
+        ssize_t n = sent < sizeof size
+            ? write(fd, (char *)&size + sent, sizeof size - sent)
+            : write(fd, buf + (sent - sizeof size), total - sent);
         if (n < 0) {
             if (errno == EINTR) continue;
             perror("sudo");

@@ -6,7 +6,7 @@ then on: 404), open streams through the proxy are aborted, the operation in flig
 spill, resume, snapshot, fork, move — is cancelled and unwinds, then the runtime, writable
 layer, network slot and memory image are released and the record deleted. The call answers
 when that is done, or after ``kill_answer_s`` at the latest while the teardown goes on as
-the sandbox's owned task. A second kill joins the first.
+the sandbox's owned task. A second kill waits as the first does, then answers 404.
 On failure: ``NotFound`` (never existed, or already gone). A teardown that fails half-way
 leaves a ``killing`` record (invisible) that the TTL loop tries again; the call still
 answers 204, as the sandbox is gone for its user. A crash mid-kill leaves a ``killing``
@@ -35,8 +35,10 @@ async def kill(node: Node, sandbox_id: str, *, reason: str | None = None) -> Non
     """``reason``: kept in ``last_error`` (a death, an expiry)."""
     joined = node.owners.kill_in_flight(sandbox_id)
     if joined is not None:
+        # Killed already, as far as clients go: this call waits as the first did, and then
+        # finds it gone, as it would a moment later.
         await _answer(node, joined)
-        return
+        raise NotFound(f"sandbox {sandbox_id} not found")
     record = await node.store.get(sandbox_id)
     if record is None:
         # Paused into the repository by another node: killing it is deleting that state.
