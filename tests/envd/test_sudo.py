@@ -63,9 +63,18 @@ def test_scoped_env_vars_do_not_reach_a_later_sudo(sandbox: Sandbox) -> None:
     assert cmd.stdout.startswith("\n") and "FOO" not in cmd.stdout
 
 
+def test_a_request_too_big_for_one_message(sandbox: Sandbox) -> None:
+    # ~600 KB of environment: the stand-in's request arrives in several parts, each of which
+    # must carry its sender's credentials.
+    big = " ".join(f"B{i}=$(head -c 100000 /dev/zero | tr '\\0' x)" for i in range(6))
+    out = sandbox.commands.run(f"{big} sudo -E sh -c 'echo ${{#B0}} ${{#B5}} $(id -u)'").stdout
+    assert out == "100000 100000 0\n"
+
+
 def test_users_without_sudo_get_a_clear_refusal(sandbox: Sandbox) -> None:
     for user, command in (
         ("nobody", "sudo -n id"),
+        ("nobody", "sudo -l"),
         ("root", "setpriv --reuid 12345 --regid 12345 --clear-groups sudo -n id"),
     ):
         with pytest.raises(CommandExitException) as info:
@@ -75,6 +84,7 @@ def test_users_without_sudo_get_a_clear_refusal(sandbox: Sandbox) -> None:
         assert "is not in the sudoers file" in info.value.stderr
     assert sandbox.commands.run("sudo -n id -u", user="root").stdout == "0\n"
     assert sandbox.commands.run("sudo -n -u nobody id -un").stdout == "nobody\n"
+    assert sandbox.commands.run("sudo -l").stdout.endswith("(ALL) NOPASSWD: ALL\n")
 
 
 SUDOERS = """\

@@ -255,11 +255,6 @@ def test_raw_sockets_and_spoofed_sources_go_nowhere(
 # ---------------------------------------------------------------- privilege
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 21 item 2: the sudo stand-in trusts SO_PEERCRED, "
-    "which gVisor answers with the server's credentials (being fixed)",
-)
 def test_a_user_without_sudo_cannot_become_root(sandbox: Sandbox) -> None:
     for command in ("sudo -n id -u", "setpriv --reuid 12345 sudo -n id -u"):
         try:

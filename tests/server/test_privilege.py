@@ -31,8 +31,9 @@ def _refused(sbx: Sandbox, command: str, user: str) -> CommandExitException:
 
 
 def test_a_user_without_sudo_cannot_become_root(sbx: Sandbox) -> None:
-    refusal = _refused(sbx, "sudo -n id", "nobody")
-    assert refusal.stderr == "sudo: nobody is not in the sudoers file\n"
+    for command in ("sudo -n id", "sudo -l", "sudo -v"):
+        refusal = _refused(sbx, command, "nobody")
+        assert refusal.stderr == "sudo: nobody is not in the sudoers file\n"
 
 
 def test_root_dropping_to_an_unknown_uid_cannot_come_back(sbx: Sandbox) -> None:
@@ -44,6 +45,7 @@ def test_the_default_user_and_root_may(sbx: Sandbox) -> None:
     assert sbx.commands.run("sudo -n id").stdout.startswith("uid=0(root) gid=0(root)")
     assert sbx.commands.run("sudo -n id -u", user="root").stdout == "0\n"
     assert sbx.commands.run("sudo -n -u nobody id -un").stdout == "nobody\n"
+    assert sbx.commands.run("sudo -v && sudo -l").stdout.endswith("(ALL) NOPASSWD: ALL\n")
 
 
 FORGE = r"""
@@ -82,3 +84,11 @@ def test_scoped_env_vars_do_not_reach_a_later_sudo(sbx: Sandbox) -> None:
     assert sbx.commands.run("echo $FOO", envs={"FOO": "bar"}).stdout == "bar\n"
     cmd = sbx.commands.run('sudo echo "$FOO"; sudo env')
     assert cmd.stdout.startswith("\n") and "FOO" not in cmd.stdout
+
+
+def test_a_request_too_big_for_one_message(sbx: Sandbox) -> None:
+    # ~600 KB of environment: the request reaches envd in several parts, each of which must
+    # carry its sender's credentials (envd refuses a request whose parts disagree).
+    big = " ".join(f"B{i}=$(head -c 100000 /dev/zero | tr '\\0' x)" for i in range(6))
+    out = sbx.commands.run(f"{big} sudo -E sh -c 'echo ${{#B0}} ${{#B5}} $(id -u)'").stdout
+    assert out == "100000 100000 0\n"

@@ -41,9 +41,12 @@ class BodyLimits:
                    upload=settings.max_upload_bytes, idle_s=settings.body_idle_timeout_s)
 
     def for_api(self, scope: Scope) -> int:
-        if scope["method"] == "PUT" and _UPLOAD.match(scope["path"]):
-            return self.upload
-        return self.api
+        return self.upload if is_upload(scope) else self.api
+
+
+def is_upload(scope: Scope) -> bool:
+    """A build-file upload (``PUT`` to its signed URL)."""
+    return scope["method"] == "PUT" and _UPLOAD.match(scope["path"]) is not None
 
 
 class BodyTooLarge(HTTPException):

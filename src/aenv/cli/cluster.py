@@ -28,14 +28,14 @@ def redis_url(cluster: str | None) -> str:
     return url
 
 
-def _serve(app: object, listen: str) -> None:
+def _serve(app: object, listen: str, **options: object) -> None:
     import uvicorn
 
     host, _, port = listen.rpartition(":")
     if not port.isdigit():
         fail(f"--listen {listen!r}: expected HOST:PORT")
     uvicorn.run(app, host=host or "127.0.0.1", port=int(port), log_level="info",  # type: ignore[arg-type]
-                access_log=False)
+                access_log=False, **options)  # type: ignore[arg-type]
 
 
 def register(app: typer.Typer) -> None:
@@ -75,9 +75,17 @@ def gateway(
              "the nodes still check it)")] = None,
 ) -> None:
     """Serve the gateway: the E2B API and sandbox traffic of the whole cluster."""
+    from aenv.api.limits import BodyLimits
+    from aenv.api.protocol import ConnectionLimits, protocol_class
     from aenv.cluster.gateway import create_app
     from aenv.cluster.redis_client import connect
+    from aenv.core.settings import Settings
 
     scheduler_url = scheduler or os.environ.get("AENV_SCHEDULER") or f"http://{DEFAULT_SCHEDULER}"
     key = api_key or os.environ.get("AENV_API_KEY")
-    _serve(create_app(connect(redis_url(cluster)), scheduler_url, key), listen)
+    # The nodes' limits (AENV_MAX_BODY_BYTES, ...: docs/limits.md) hold at the gateway too.
+    settings = Settings()
+    _serve(create_app(connect(redis_url(cluster)), scheduler_url, key,
+                      limits=BodyLimits.of(settings)), listen,
+           http=protocol_class(ConnectionLimits.of(settings)),
+           timeout_keep_alive=settings.idle_timeout_s)

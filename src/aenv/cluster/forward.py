@@ -14,7 +14,9 @@ import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Send
+from starlette.types import Receive, Scope, Send
+
+from aenv.api.protocol import abort
 
 log = logging.getLogger("aenv.cluster.forward")
 
@@ -60,6 +62,12 @@ class _Relayed(StreamingResponse):
     stream of a sandbox that was killed), the client's answer ends the same way, unfinished:
     finishing it would hand the client a truncated body as if it were whole."""
 
+    scope: Scope | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.scope = scope
+        await super().__call__(scope, receive, send)
+
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
@@ -68,6 +76,8 @@ class _Relayed(StreamingResponse):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.TransportError as exc:
             log.info("a node ended an answer mid-body: %s", type(exc).__name__)
+            if self.scope is not None:
+                abort(self.scope)  # the connection is cut, not logged as our error
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -23,7 +23,13 @@ Stateless; any number of replicas. What it does with a request:
   once, one whose node does not accept a connection 503 after the connect timeout; never a
   hang.
 * **Anything else** (templates, snapshots): to a ready node; every node serves the shared
-  repository's templates and snapshots.
+  repository's templates and snapshots. A build-file upload is streamed to the first one, not
+  buffered to be tried on the next.
+
+Limits (``api/limits.py``, docs/limits.md): the control plane's bodies are held to the nodes'
+``max_body_bytes`` before anything is buffered here, sandbox traffic to
+``proxy_max_body_bytes``; heads, header-read timeouts and slow connections per client are
+bounded by the protocol ``aenv gateway`` serves with (``api/protocol.py``).
 
 API keys: the gateway checks ``X-API-KEY`` on the control plane against the cluster's key
 (the nodes' own), before it reserves anything; the node checks it again.
@@ -44,10 +50,13 @@ import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from aenv.api.limits import BodyLimits, guard, is_upload
 from aenv.api.listing import encode_cursor
 from aenv.cluster import bindings, fork_spread, forward, reserve
 from aenv.cluster.cache import Binding, ClusterCache
@@ -267,6 +276,12 @@ class Gateway:
         nodes, now = await self._nodes()
         ready = sorted((n for n in nodes if n.health(now) is Health.READY),
                        key=lambda n: n.running / max(n.limit, 1))
+        if is_upload(request.scope) and ready:
+            # Up to max_upload_bytes: streamed to one node, never held here to try another.
+            try:
+                return await forward.forward(self.http, request, ready[0].address)
+            except httpx.TransportError:
+                return _error(503, f"node {ready[0].node_id} cannot be reached")
         body = await request.body()
         for node in ready:
             try:
@@ -364,8 +379,28 @@ def _order(item: dict[str, object]) -> tuple[float, str]:
     return started.timestamp(), str(item["sandboxID"])
 
 
+class _Limited:
+    """Request bodies held to their limits before the gateway buffers any (api/limits.py)."""
+
+    def __init__(self, app: ASGIApp, limits: BodyLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if isinstance(route(scope), Target):
+            limit, idle_s = self.limits.proxy, None
+        else:
+            limit, idle_s = self.limits.for_api(scope), self.limits.idle_s
+        await guard(lambda r, s: self.app(scope, r, s), scope, receive, send, limit=limit,
+                    idle_s=idle_s)
+
+
 def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
-               keys: Keys | None = None) -> Starlette:
+               keys: Keys | None = None, limits: BodyLimits | None = None) -> ASGIApp:
+    """The gateway's ASGI app; ``limits``: the nodes' (None: the defaults)."""
     gateway = Gateway(redis, scheduler_url, api_key, keys)
 
     @asynccontextmanager
@@ -374,5 +409,11 @@ def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
         await gateway.close()
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
-    return Starlette(routes=[Route("/{path:path}", gateway.handle, methods=methods)],
-                     lifespan=lifespan)
+    async def http_error(_: Request, exc: Exception) -> Response:
+        # A body cut off at its limit (api/limits.py) ends here: E2B's body, not plain text.
+        assert isinstance(exc, HTTPException)
+        return _error(exc.status_code, str(exc.detail))
+
+    app = Starlette(routes=[Route("/{path:path}", gateway.handle, methods=methods)],
+                    lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    return _Limited(app, limits or BodyLimits())

@@ -28,6 +28,10 @@ def main(argv: list[str] | None = None) -> None:
         help="remount /proc with a small dentry cache first (gVisor checkpoint work-around)",
     )
     parser.add_argument(
+        "--pids-limit", type=int, default=None,
+        help="run user processes in a cgroup of at most this many tasks (sandbox init only)",
+    )
+    parser.add_argument(
         "--own-boot-id", action="store_true",
         help="give the sandbox a boot id of its own, renewed by /init (sandbox init only)",
     )
@@ -41,6 +45,10 @@ def main(argv: list[str] | None = None) -> None:
         from aenv.envd.procfs import remount_proc
 
         remount_proc()
+    if args.pids_limit:
+        from aenv.envd.pidlimit import setup
+
+        setup(args.pids_limit)
     boot_id_file = None
     if args.own_boot_id:  # after the remount, which would cover the bind mount
         from aenv.envd.bootid import install

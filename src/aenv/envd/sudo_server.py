@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from aenv.core.errors import AenvError, PermissionDenied
+from aenv.envd import pidlimit
 from aenv.envd.process.manager import DEFAULT_PATH
 from aenv.envd.process.spawn import spawn_with_fds
 from aenv.envd.sudoers import caller_name, may_sudo
@@ -38,7 +39,8 @@ SOCKET_PATH = "/run/aenv/sudo.sock"
 MAGIC = "aenv-sudo-1"
 MAX_REQUEST = 4 * 1024 * 1024
 #: Room for the three passed descriptors and one ``struct ucred``, each its own message.
-_ANCILLARY = socket.CMSG_SPACE(3 * 4) + socket.CMSG_SPACE(struct.calcsize("iII"))
+_UCRED = struct.Struct("iII")
+_ANCILLARY = socket.CMSG_SPACE(3 * 4) + socket.CMSG_SPACE(_UCRED.size)
 _FIRST_READ = 64 * 1024
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -155,7 +157,7 @@ class SudoServer:
             payload, fds, uid = await asyncio.to_thread(_receive, conn)
             try:
                 if uid is None:
-                    raise PermissionDenied("the request carried no sender credentials")
+                    raise PermissionDenied("the request came without the sender's credentials")
                 if len(fds) != 3:
                     raise ValueError("expected stdin, stdout and stderr")
                 if not await asyncio.to_thread(may_sudo, uid):
@@ -166,6 +168,7 @@ class SudoServer:
                     argv, fds=(fds[0], fds[1], fds[2]), env=env, cwd=cwd,
                     user=lookup_user(request.user), exec_helper=self.exec_helper,
                 )
+                pidlimit.adopt(popen.pid)
             except (ValueError, OSError, AenvError) as exc:
                 message = exc.message if isinstance(exc, AenvError) else str(exc)
                 await _send(conn, struct.pack(">I", 0xFFFFFFFF) + message.encode())
@@ -185,44 +188,50 @@ class SudoServer:
 
 
 def _receive(conn: socket.socket) -> tuple[bytes, list[int], int | None]:
-    """The request, the descriptors passed with it and the sender's uid (``None`` when its
-    first bytes came without credentials)."""
+    """The request, the descriptors passed with it and the sender's uid: ``None`` unless
+    every part of the request came with credentials, all of one uid."""
     conn.setblocking(True)
     conn.settimeout(10)
-    data, ancillary, _flags, _addr = conn.recvmsg(_FIRST_READ, _ANCILLARY)
+    data = b""
     fds: list[int] = []
-    uid: int | None = None
+    uids: set[int | None] = set()
+    try:
+        size: int | None = None
+        while size is None or len(data) < 4 + size:
+            want = _FIRST_READ if size is None else 4 + size - len(data)
+            chunk, ancillary, _flags, _addr = conn.recvmsg(want, _ANCILLARY)
+            if not chunk:
+                raise ValueError("short request")
+            data += chunk
+            uids.add(_unpack_ancillary(ancillary, fds))
+            if size is None and len(data) >= 4:
+                (size,) = struct.unpack(">I", data[:4])
+                if size > MAX_REQUEST:
+                    raise ValueError("request too large")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    conn.setblocking(False)
+    uid = uids.pop() if len(uids) == 1 else None
+    return data[4 : 4 + size], fds, uid
+
+
+def _unpack_ancillary(ancillary: list[tuple[int, int, bytes]], fds: list[int]) -> int | None:
+    """Adds passed descriptors to ``fds``; returns the sender's uid if credentials came."""
+    uid = None
     for level, kind, body in ancillary:
         if level != socket.SOL_SOCKET:
             continue
         if kind == socket.SCM_RIGHTS:
             usable = len(body) - len(body) % 4
             fds += list(struct.unpack(f"{usable // 4}i", body[:usable]))
-        elif kind == socket.SCM_CREDENTIALS and len(body) >= struct.calcsize("iII"):
-            pid, sender_uid, _gid = struct.unpack("iII", body[: struct.calcsize("iII")])
+        elif kind == socket.SCM_CREDENTIALS and len(body) >= _UCRED.size:
+            pid, sender_uid, _gid = _UCRED.unpack(body[: _UCRED.size])
             # Linux reports pid 0 (and the overflow uid) for bytes sent before SO_PASSCRED
             # applied and without explicit credentials: not an identity.
             uid = sender_uid if pid > 0 else None
-    try:
-        while len(data) < 4:
-            chunk = conn.recv(4 - len(data))
-            if not chunk:
-                raise ValueError("short request")
-            data += chunk
-        (size,) = struct.unpack(">I", data[:4])
-        if size > MAX_REQUEST:
-            raise ValueError("request too large")
-        while len(data) < 4 + size:
-            chunk = conn.recv(4 + size - len(data))
-            if not chunk:
-                raise ValueError("short request")
-            data += chunk
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-    conn.setblocking(False)
-    return data[4 : 4 + size], fds, uid
+    return uid
 
 
 async def _send(conn: socket.socket, data: bytes) -> None:

@@ -32,12 +32,18 @@ async def collect(node: Node) -> CollectionPlan:
 
 
 async def run_gc_loop(node: Node) -> None:
+    """A pass every ``gc_interval_s``; after a failed pass the next comes sooner (30 s,
+    doubling up to the interval), each failure logged with its count."""
+    failures = 0
     while True:
-        await asyncio.sleep(node.settings.gc_interval_s)
+        interval = node.settings.gc_interval_s
+        await asyncio.sleep(min(interval, 30.0 * 2 ** (failures - 1)) if failures else interval)
         try:
             await collect(node)
-        except AenvError as exc:
-            log.warning("gc pass failed (next in %.0f s): %s", node.settings.gc_interval_s,
-                        exc.message)
-        except Exception:
-            log.exception("gc pass failed")
+            failures = 0
+        except Exception as exc:
+            failures += 1
+            log.warning("gc pass failed (%d in a row; next in %.0f s): %s", failures,
+                        min(interval, 30.0 * 2 ** (failures - 1)),
+                        getattr(exc, "message", None) or repr(exc),
+                        exc_info=not isinstance(exc, AenvError))

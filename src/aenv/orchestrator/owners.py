@@ -100,8 +100,11 @@ class Owners:
     # -- running -------------------------------------------------------------------------------
 
     async def run(self, sandbox_id: str, name: str, body: Callable[[], Awaitable[T]], *,
-                  wait: float | None = None, deadline: float | None = None) -> T:
+                  wait: float | None = None, deadline: float | None = None,
+                  detach: bool = True) -> T:
         """Run ``body`` as the sandbox's operation ``name`` (see the module docstring).
+        ``detach=False``: a cancelled caller cancels the operation too, and waits for it to
+        unwind (a fork's children, when a kill cancels the fork).
 
         On failure: ``NotFound`` once the sandbox is being killed, ``Conflict`` when the turn
         does not come within ``wait`` seconds (default ``wait_s``), ``DeadlineExceeded`` past
@@ -124,6 +127,10 @@ class Owners:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             current = asyncio.current_task()
+            if not detach and not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+                raise
             if task.cancelled() and not (current is not None and current.cancelling()):
                 # Cancelled by a kill (or the shutdown), not by our caller: to the caller the
                 # sandbox is gone, as E2B answers for a sandbox killed meanwhile.

@@ -100,8 +100,9 @@ class Observed:
 class Exit:
     """How a sandbox's runtime ended, as far as the driver can tell."""
 
-    #: ``out-of-memory`` (the host's memory cgroup killed it), ``killed`` (a signal from
-    #: outside), ``crashed`` (the runtime's own failure, e.g. a sentry panic) or ``exited``
+    #: ``out-of-memory`` (the host's memory cgroup killed it), ``pids-limit`` (it reached its
+    #: host pids limit, e.g. a fork bomb), ``killed`` (a signal from outside), ``crashed``
+    #: (the runtime's own failure, e.g. a sentry panic) or ``exited``
     #: (it ended by itself: a checkpoint without ``leave_running``, a destroy, init's exit).
     cause: str
     #: One line for people, e.g. "out of memory: the sandbox used its 256 MiB".

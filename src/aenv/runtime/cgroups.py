@@ -62,6 +62,23 @@ def oom_kills(relative: str) -> tuple[int, int]:
     return kills, limit
 
 
+def pids_limit_hits(relative: str) -> tuple[int, int]:
+    """Forks refused because pids cgroup ``relative`` was at its limit (``pids.events``
+    ``max``, v1 and v2; every mounted hierarchy is looked at), and that limit (0 if unknown)."""
+    hits = limit = 0
+    for path in _everywhere(relative):
+        try:
+            pairs = [line.split() for line in (path / "pids.events").read_text().splitlines()]
+            counters = {p[0]: int(p[1]) for p in pairs if len(p) == 2}
+        except (OSError, ValueError):
+            continue
+        if counters.get("max", 0) > 0:
+            hits += counters["max"]
+            with contextlib.suppress(OSError, ValueError):
+                limit = int((path / "pids.max").read_text())
+    return hits, limit
+
+
 def remove(relative: str) -> None:
     """rmdir the (empty) cgroup ``relative`` in every hierarchy: v1 controllers and v2."""
     for path in _everywhere(relative):

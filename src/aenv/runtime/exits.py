@@ -12,7 +12,8 @@ Its wait status: while the exited process is a zombie (init has not reaped it ye
 PID 1 takes ~1 s), field 52 of ``/proc/<pid>/stat`` holds its wait status; once reaped, the
 pidfd still has it through ``PIDFD_GET_INFO`` (Linux >= 6.15). Either may be unavailable: the
 status is then unknown (None), never guessed. ``reason`` combines it with what the host
-kept: the memory cgroup's OOM-kill counter, a Go panic in the runtime's logs.
+kept: the memory cgroup's OOM-kill counter, the pids cgroup's count of refused forks, a Go
+panic in the runtime's logs.
 
 Owns: nothing; reads ``/proc``, cgroup files and logs. Must not touch: the process (no
 signals, no reaping), the cgroup.
@@ -125,8 +126,9 @@ def _pidfd_status(fd: int) -> int | None:
 
 def reason(status: int | None, *, cgroup: str, logs: Sequence[Path]) -> Exit:
     """Why a runtime ended, most specific first: OOM kills counted in memory cgroup
-    ``cgroup`` (relative to the cgroup root) → ``out-of-memory``; a panic line in the tail of
-    one of ``logs`` → ``crashed``; the wait status ``status``: a signal → ``killed``, else
+    ``cgroup`` (relative to the cgroup root) → ``out-of-memory``; forks refused by its pids
+    cgroup → ``pids-limit``; a panic line in the tail of one of ``logs`` → ``crashed``; the
+    wait status ``status``: a signal → ``killed``, else
     ``exited``. Read it before the cgroup and logs are removed."""
     kills, limit = cgroups.oom_kills(cgroup)
     if kills:
@@ -135,6 +137,16 @@ def reason(status: int | None, *, cgroup: str, logs: Sequence[Path]) -> Exit:
             "out-of-memory",
             f"out of memory: the sandbox used all its memory{size} "
             "and the host's memory cgroup killed its runtime",
+        )
+    hits, pids = cgroups.pids_limit_hits(cgroup)
+    if hits and not (status is not None and os.WIFSIGNALED(status)):
+        # The sentry panics when it cannot start a host thread or stub process: it exits
+        # with status 2 and, without debug logs, says nothing else.
+        size = f" of {pids} host tasks" if pids else ""
+        return Exit(
+            "pids-limit",
+            f"too many processes: the sandbox reached its host pids limit{size} "
+            f"({hits} forks refused, e.g. a fork bomb) and its runtime died",
         )
     for path in logs:
         found = _PANIC.search(_tail(path))

@@ -16,11 +16,14 @@ What runsc 20240729 does with the config (checked on this cgroup-v1 host):
   OOM right after can take the sentry itself (seen about half the time on 2026-12-01 here, as
   often at older commits): the sandbox dies, its neighbours never notice. Giving the sentry a
   lower ``oom_score_adj`` does not help (stubs are forked from it and inherit it).
-* The pids limit counts host tasks (sentry threads and one stub process per guest address
-  space, ~2 tasks per guest process). Reaching it makes the sentry panic ("unable to activate
-  mm: createStub: failed to get clone"): the sandbox dies, its neighbours do not notice. The
-  guest's ``RLIMIT_NPROC`` is enforced by the sentry for non-root users (fork fails with
-  EAGAIN), so it is set well below the pids limit; root inside the sandbox is not bound by it.
+* The pids limit counts host tasks: sentry threads and the platform's stub processes and
+  threads, which grow with the guest's churn of address spaces, not with its live processes
+  (measured 2026-12-03 during a bash fork bomb: ptrace ~10-15 host tasks per guest process,
+  kept after the guest's exit for reuse; systrap several stub processes per guest process).
+  Reaching it makes the sentry panic (exit status 2): the sandbox dies, its neighbours do not
+  notice. Neither the guest's ``RLIMIT_NPROC`` (non-root only) nor a pids cgroup inside the
+  guest keeps a bomb below it by itself, so envd also kills what reaches the guest's limit
+  (``Limits.guest_pids``, ``envd/pidlimit.py``).
 
 Owns: the bundle directory's contents. Must not touch: the rootfs or the envd bundle (both
 mounted, never written by us).
@@ -82,20 +85,34 @@ DEFAULT_ENV = {
 }
 
 
+#: Host tasks allowed per guest task in the guest's own pids cgroup (``Limits.guest_pids``).
+#: A bash fork bomb on the ptrace platform was measured at ~10-15 host tasks per guest process
+#: when the guest reached its limit (runsc's stub threads: one per address space and sentry
+#: thread); 32 leaves room for the bomb's growth while envd kills it (~0.1-0.7 s).
+HOST_TASKS_PER_GUEST_TASK = 32
+
+
 @dataclass(frozen=True)
 class Limits:
     """Per-sandbox limits that are node policy rather than part of a create request."""
 
-    #: Host tasks of the whole sandbox (cgroup pids.max); a backstop for the host.
-    pids: int = 2048
-    #: Guest processes per non-root user (RLIMIT_NPROC); keeps a fork bomb from reaching
-    #: ``pids`` (~2 host tasks per guest process).
+    #: Host tasks of the whole sandbox (cgroup pids.max); a backstop for the host: reaching
+    #: it makes the sentry panic and the sandbox die (the death says so: runtime/exits.py).
+    pids: int = 4096
+    #: Guest processes per non-root user (RLIMIT_NPROC); root is not bound by it.
     nproc: int = 512
     #: Open files per process (RLIMIT_NOFILE), as containerd sets it.
     nofile: int = 1_048_576
 
+    @property
+    def guest_pids(self) -> int:
+        """Tasks of the user's processes inside the sandbox (gVisor's own pids cgroup,
+        ``envd/pidlimit.py``): reached first, so a fork bomb fails with EAGAIN and is killed
+        by envd before the host limit ends the whole sandbox."""
+        return max(16, self.pids // HOST_TASKS_PER_GUEST_TASK)
 
-def envd_argv(spec: SandboxSpec) -> list[str]:
+
+def envd_argv(spec: SandboxSpec, limits: Limits | None = None) -> list[str]:
     """envd's command line inside the sandbox."""
     return [
         f"{ENVD_MOUNT}/bin/envd",
@@ -109,6 +126,9 @@ def envd_argv(spec: SandboxSpec) -> list[str]:
         # Each sandbox its own /proc/sys/kernel/random/boot_id (a template's sandboxes are
         # restores of one image, which holds the kernel's id); envd/bootid.py.
         "--own-boot-id",
+        # User processes in a pids cgroup of their own, below the host's limit.
+        "--pids-limit",
+        str((limits or Limits()).guest_pids),
         *spec.envd_args,
     ]
 
@@ -202,7 +222,7 @@ def sandbox_config(
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": envd_argv(spec),
+            "args": envd_argv(spec, limits),
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": "/",
             "capabilities": {kind: caps for kind in ("bounding", "effective", "permitted")},

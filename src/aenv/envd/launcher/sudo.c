@@ -69,6 +69,9 @@ static int usage(void) {
 int main(int argc, char **argv) {
     const char *user = "root";
     char flags[4] = "";
+    /* -l / -v: whether the caller may sudo at all, asked of envd by running "true" as root. */
+    int check = 0;
+    static char *probe[] = {"true", NULL};
     int i = 1;
     for (; i < argc && argv[i][0] == '-' && argv[i][1] != '\0'; i++) {
         const char *a = argv[i];
@@ -79,11 +82,9 @@ int main(int argc, char **argv) {
             continue;
         }
         if (strncmp(a, "--user=", 7) == 0) { user = a + 7; continue; }
-        if (strcmp(a, "-l") == 0 || strcmp(a, "--list") == 0) {
-            printf("User may run the following commands on this sandbox:\n    (ALL) NOPASSWD: ALL\n");
-            return 0;
-        }
-        if (strcmp(a, "-v") == 0 || strcmp(a, "-k") == 0 || strcmp(a, "-K") == 0) return 0;
+        if (strcmp(a, "-l") == 0 || strcmp(a, "--list") == 0) { check = 'l'; break; }
+        if (strcmp(a, "-v") == 0 || strcmp(a, "--validate") == 0) { check = 'v'; break; }
+        if (strcmp(a, "-k") == 0 || strcmp(a, "-K") == 0) return 0;
         if (strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) {
             printf("aenv sudo (envd stand-in for setuid sudo)\n");
             return 0;
@@ -105,6 +106,13 @@ int main(int argc, char **argv) {
                 return usage();
             }
         }
+    }
+    if (check) {
+        user = "root";
+        flags[0] = '\0';
+        argv = probe;
+        argc = 1;
+        i = 0;
     }
     if (i >= argc && !strchr(flags, 'i') && !strchr(flags, 's')) return usage();
 
@@ -128,6 +136,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "sudo: cannot reach envd at %s: %s\n", SOCKET_PATH, strerror(errno));
         return 1;
     }
+    /* Credentials on every part of a request too big for one sendmsg, too: envd refuses a
+     * request whose parts do not all carry the same sender. */
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof one);
     uint32_t size = htonl((uint32_t)len);
     int fds[3] = {0, 1, 2};
     struct ucred self = {.pid = getpid(), .uid = getuid(), .gid = getgid()};
@@ -153,7 +165,7 @@ int main(int argc, char **argv) {
     ssize_t first;
     do first = sendmsg(fd, &msg, 0); while (first < 0 && errno == EINTR);
     if (first < 0) { perror("sudo"); return 1; }
-    /* The rest, if the socket took only part: envd already has the credentials. */
+    /* The rest, if the socket took only part. */
     size_t sent = (size_t)first;
     size_t total = sizeof size + len;
     while (sent < total) {
@@ -184,5 +196,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "sudo: %s\n", message);
         return 1;
     }
+    if (check == 'l' && status == 0)
+        printf("User may run the following commands on this sandbox:\n    (ALL) NOPASSWD: ALL\n");
     return (int)status;
 }

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aenv.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from aenv.envd import pidlimit
 from aenv.envd.process.exitstatus import ExitInfo
 from aenv.envd.process.shell import shell_argv
 from aenv.envd.process.spawn import Spawned, set_winsize, spawn
@@ -197,10 +198,11 @@ class ProcessManager:
         if not os.path.isdir(config.cwd):
             raise InvalidArgument(f"cwd '{config.cwd}' does not exist or is not a directory")
         try:
-            spawned = spawn(
-                shell_argv(argv), env=env, cwd=config.cwd, user=user, pty_size=pty_size,
-                stdin=stdin, exec_helper=self.exec_helper,
-            )
+            with pidlimit.spawning():
+                spawned = spawn(
+                    shell_argv(argv), env=env, cwd=config.cwd, user=user, pty_size=pty_size,
+                    stdin=stdin, exec_helper=self.exec_helper,
+                )
         except FileNotFoundError as exc:
             raise InvalidArgument(f"failed to start {config.cmd!r}: {exc.strerror}") from None
         except PermissionError as exc:

@@ -95,7 +95,8 @@ async def check_capacity(node: Node, wanted: int = 1, starting: int = 0) -> int:
     return min(free, wanted)
 
 
-async def create_from(node: Node, template: Template, params: CreateParams) -> SandboxRecord:
+async def create_from(node: Node, template: Template, params: CreateParams, *,
+                      detach: bool = True) -> SandboxRecord:
     """Create a sandbox of an already resolved ``template`` (a fork child's template is the
     parent's memory image). Contract: as the module's."""
     policy = policy_from(params.allow_internet_access, params.network)
@@ -104,11 +105,11 @@ async def create_from(node: Node, template: Template, params: CreateParams) -> S
     if warm is None and template.image is not None and node.precreated is not None:
         pre = node.precreated.take(template)
     with node.precreated.busy() if node.precreated is not None else contextlib.nullcontext():
-        return await _create(node, template, params, policy, warm, pre)
+        return await _create(node, template, params, policy, warm, pre, detach)
 
 
 async def _create(node: Node, template: Template, params: CreateParams, policy: EgressPolicy,
-                  warm: Booted | None, pre: Precreated | None) -> SandboxRecord:
+                  warm: Booted | None, pre: Precreated | None, detach: bool) -> SandboxRecord:
     now = node.clock()
     claimed = warm or pre
     record = SandboxRecord(
@@ -139,7 +140,8 @@ async def _create(node: Node, template: Template, params: CreateParams, policy: 
     # create, which abandons its record (``_abandon``) before the kill's teardown runs.
     return await node.owners.run(
         record.sandbox_id, "create",
-        lambda: _create_owned(node, template, params, policy, warm, pre, record))
+        lambda: _create_owned(node, template, params, policy, warm, pre, record),
+        detach=detach)
 
 
 async def _create_owned(node: Node, template: Template, params: CreateParams,

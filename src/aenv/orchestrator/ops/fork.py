@@ -114,7 +114,9 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
             fresh_boot_id=False,  # a child continues its parent's boot
         )
         outcomes = await asyncio.gather(
-            *(create_from(node, template, params) for _ in range(fits)), return_exceptions=True
+            # Not detached: a kill of the source that cancels the fork abandons its children.
+            *(create_from(node, template, params, detach=False) for _ in range(fits)),
+            return_exceptions=True
         )
         if node.precreated is not None and seed is None:
             # The next fork of this family finds its children created ahead. (A disk seed is

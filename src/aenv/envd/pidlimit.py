@@ -1,0 +1,142 @@
+"""A pids limit inside the sandbox, and what to do when a fork bomb reaches it.
+
+``setup`` mounts gVisor's own cgroupfs (pids controller; it lives in the sentry, not on the
+host) at ``MOUNT``, makes one cgroup ``user`` with ``pids.max`` = the limit, and ``adopt``
+puts every process envd starts for the user (commands, PTYs, the sudo stand-in's commands)
+into it. envd itself stays in the root cgroup, so it can always start threads and answer. A
+fork inside ``user`` beyond the limit fails with EAGAIN, as under a VM's kernel, root included
+(RLIMIT_NPROC does not bind root).
+
+EAGAIN alone does not save the sandbox on runsc 20240729 (measured, docs/lifecycle.md "When a
+sandbox dies"): the runtime's host tasks grow with the guest's churn of address spaces and the
+sentry's threads, not with its live processes (ptrace platform: ~10-15 host tasks per guest
+process during a bash fork bomb, never given back; systrap: its stub processes outnumber the
+guest's several times over), so a bomb held at its guest limit still drives the sandbox's host
+cgroup to its pids limit within seconds and the sentry dies. So the watcher thread treats
+reaching the limit as the fork bomb it almost always is: it SIGKILLs every process in ``user``
+(the sandbox, envd and its files live on; the command that bombed ends, killed), with
+``pids.max`` at 0 meanwhile so that nothing refills it. It looks
+every ``SLOW_S`` while the cgroup is below half its limit, every ``FAST_S`` above: a bomb
+takes far longer than that to climb the second half, and an idle sandbox pays ~4 reads a
+second.
+
+Owns: the mount and the ``user`` cgroup. Must not touch: processes outside ``user``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+log = logging.getLogger("envd.pidlimit")
+
+#: Where the sandbox's own cgroupfs goes: envd's tmpfs /dev, never the user's disk.
+MOUNT = "/dev/.aenv-pids"
+#: The cgroup user processes run in.
+USER = f"{MOUNT}/user"
+SLOW_S = 0.25
+FAST_S = 0.02
+#: How long a kill round keeps going while the bomb's last forks land.
+KILL_ROUND_S = 2.0
+
+_enabled = False
+
+
+def setup(limit: int) -> bool:
+    """Mount the pids controller, make ``user`` with ``pids.max = limit`` and start the
+    watcher; False (and no limit) where that is not possible (not gVisor, not root)."""
+    global _enabled
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        os.makedirs(MOUNT, exist_ok=True)
+        if not os.path.ismount(MOUNT) and libc.mount(b"none", MOUNT.encode(), b"cgroup", 0,
+                                                      b"pids") != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        os.makedirs(USER, exist_ok=True)
+        _write(f"{USER}/pids.max", str(limit))
+    except OSError as exc:
+        log.warning("no pids limit in this sandbox: %s", exc)
+        return False
+    _enabled = True
+    threading.Thread(target=_watch, args=(limit,), name="pids-watch", daemon=True).start()
+    return True
+
+
+@contextlib.contextmanager
+def spawning() -> Iterator[None]:
+    """Inside: processes this thread starts are born in the limited cgroup.
+
+    The calling thread (only it: ``tasks``, not ``cgroup.procs``) joins ``user`` for the
+    ``fork``/``exec`` and leaves again; a child inherits its parent thread's cgroups, so it
+    is limited before it runs a single instruction of its own. (Moving the child after
+    ``Popen`` returned raced with it: bash had exec'd or forked before the move about one
+    time in eight, and a bomb forked that early is not limited at all.) A fork while ``user``
+    is at its limit fails with EAGAIN, as any fork in it would.
+    """
+    if not _enabled:
+        yield
+        return
+    tid = str(threading.get_native_id())
+    try:
+        _write(f"{USER}/tasks", tid)
+    except OSError as exc:
+        log.warning("cannot start a process in the pids cgroup: %s", exc)
+        yield
+        return
+    try:
+        yield
+    finally:
+        _write(f"{MOUNT}/tasks", tid)
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(name: str) -> str:
+    with open(f"{USER}/{name}") as f:
+        return f.read()
+
+
+def _watch(limit: int) -> None:
+    while True:
+        try:
+            current = int(_read("pids.current"))
+            if current >= limit:
+                _kill_all(limit)
+        except (OSError, ValueError) as exc:
+            log.warning("the pids watch stopped: %s", exc)
+            return
+        time.sleep(FAST_S if current * 2 >= limit else SLOW_S)
+
+
+def _kill_all(limit: int) -> None:
+    """SIGKILL everything in ``user``. With ``pids.max`` at 0 meanwhile no fork there
+    succeeds, so the bomb cannot refill what is being killed (killing alone, one pid after
+    the other, lost that race for seconds on a starved sandbox)."""
+    started = time.monotonic()
+    killed = 0
+    _write(f"{USER}/pids.max", "0")
+    try:
+        while time.monotonic() - started < KILL_ROUND_S:
+            pids = [int(p) for p in _read("cgroup.procs").split()]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+    finally:
+        _write(f"{USER}/pids.max", str(limit))
+    log.warning("the sandbox's processes reached their limit of %d tasks (a fork bomb?): "
+                "killed %d in %.2f s", limit, killed, time.monotonic() - started)
