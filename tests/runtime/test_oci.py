@@ -34,7 +34,7 @@ def test_envd_is_the_init_process_with_the_spec_arguments() -> None:
     process = config()["process"]
     assert process["args"] == [
         "/opt/aenv/envd/bin/envd", "--port", "49983", "--host", "0.0.0.0", "--remount-proc",
-        "--own-boot-id", "--pids-limit", str(oci.Limits().guest_pids), "--user", "user",
+        "--own-boot-id", "--user", "user",
     ]
     # Restores find a container's saved host FDs by this name (see oci.CONTAINER_NAME).
     assert config()["annotations"][oci.CONTAINER_NAME_ANNOTATION] == oci.CONTAINER_NAME

@@ -1,11 +1,12 @@
-"""A fork bomb is contained (issue 21, item 8; real server, real gVisor, the real e2b SDK).
+"""A fork bomb (issue 21, item 8; real server, real gVisor, the real e2b SDK).
 
-Before: a bash fork bomb, as root or as the default user, ended the whole sandbox within a
-couple of seconds, reported as "runtime exited with status 2". Now the user's processes run
-in a pids cgroup of the sandbox's own (envd/pidlimit.py): the bomb meets EAGAIN and, at the
-limit, envd kills it; the command ends, the sandbox lives and answers, its neighbour never
-notices. A bomb that leaves that cgroup (root may) still ends the sandbox at the host's
-limit, and then the death says why.
+A bash fork bomb, as root or as the default user, ends its sandbox within seconds on runsc
+20240729: the runtime's host tasks grow with the guest's churn of processes until the
+sandbox's host pids limit, and the sentry panics. Measured and not shipped on: a pids cgroup
+inside the sandbox with envd killing what reaches it (``envd/pidlimit.py``,
+``runtime/oci.Limits.guest_pids``, off) saved the sandbox about half the time. What holds:
+the neighbour never notices, and the death says why — before, "the sandbox's runtime exited
+with status 2".
 """
 
 from __future__ import annotations
@@ -66,47 +67,43 @@ class Neighbour:
         self._thread.join(60)
 
 
+def _death(server: NodeServer, sandbox_id: str, timeout: float = 30) -> tuple[int, str]:
+    """Wait for the sandbox's info to answer 404 (it died); status and message."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = httpx.get(f"{server.url}/sandboxes/{sandbox_id}",
+                             headers={"X-API-Key": API_KEY}, timeout=10)
+        if response.status_code == 404 or time.monotonic() > deadline:
+            return response.status_code, str(response.json().get("message"))
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize("user", ["root", "user"])
-def test_a_fork_bomb_ends_its_command_not_its_sandbox(
+def test_a_fork_bomb_that_ends_its_sandbox_says_so(
     server: NodeServer, pair: tuple[Sandbox, Sandbox], user: str,
 ) -> None:
     a, b = pair
     neighbour = Neighbour(b)
-    started = time.monotonic()
     try:
-        with pytest.raises(CommandExitException) as ended:
+        with pytest.raises(Exception):  # noqa: B017 — the stream ends however the SDK says
             a.commands.run(BOMB, user=user, timeout=ENDED_S)
-        took = time.monotonic() - started
+        status, message = _death(server, a.sandbox_id)
     finally:
         neighbour.stop()
-    print(f"bomb as {user}: its command ended after {took:.1f} s: "
-          f"exit {ended.value.exit_code} {ended.value.error!r}; neighbour answered "
-          f"{neighbour.ok} times")
-    # The sandbox lives on and runs commands; forks work again.
-    assert a.is_running()
-    assert a.commands.run("echo alive; (echo child)", user=user, timeout=30).stdout == (
-        "alive\nchild\n")
-    assert f"sandbox {a.sandbox_id} died" not in server.log()
+    print(f"bomb as {user}: {status} {message}; neighbour answered {neighbour.ok} times")
+    assert status == 404
+    assert "pids limit" in message and "status 2" not in message
     assert neighbour.ok > 0 and not neighbour.errors, neighbour.errors
+    assert b.commands.run("echo alive", timeout=20).stdout == "alive\n"
 
 
-def test_a_bomb_that_escapes_the_guest_limit_dies_saying_why(
+@pytest.mark.xfail(reason="runsc 20240729 cannot keep a bash fork bomb below the host pids "
+                          "limit; see Limits.guest_pids", strict=False)
+def test_a_fork_bomb_ends_its_command_not_its_sandbox(
     server: NodeServer, pair: tuple[Sandbox, Sandbox],
 ) -> None:
-    a, b = pair
-    # Root may leave the sandbox's own pids cgroup; the host's limit then ends the sandbox.
-    escape = "echo $$ > /dev/.aenv-pids/cgroup.procs 2>/dev/null; "
-    with pytest.raises(Exception):  # noqa: B017 — the stream ends however the SDK says it
-        a.commands.run(escape + BOMB, user="root", timeout=ENDED_S)
-    deadline = time.monotonic() + 30
-    while True:
-        response = httpx.get(f"{server.url}/sandboxes/{a.sandbox_id}",
-                             headers={"X-API-Key": API_KEY}, timeout=10)
-        if response.status_code == 404 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    message = response.json()["message"]
-    print(f"escaped bomb: {message}")
-    assert response.status_code == 404
-    assert "pids limit" in message and "status 2" not in message
-    assert b.commands.run("echo alive", timeout=20).stdout == "alive\n"
+    a, _ = pair
+    with pytest.raises(CommandExitException):
+        a.commands.run(BOMB, user="root", timeout=ENDED_S)
+    assert a.is_running()
+    assert a.commands.run("echo alive; (echo child)", timeout=30).stdout == "alive\nchild\n"

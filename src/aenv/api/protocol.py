@@ -12,8 +12,13 @@ What ASGI cannot see happens before a request reaches the app, so it is bounded 
   has no such timer (its ``timeout_keep_alive`` runs only between requests).
 * **Slow connections per client.** A connection is *waiting* from its accept (or its next
   request's first byte) until its head is complete. One client address may have
-  ``max_slow_per_client`` waiting at once; one more is answered 429 and closed. uvicorn's
-  ``limit_concurrency`` is one global count, which a slow-loris client fills for everyone.
+  ``max_slow_per_client`` waiting; past that, a new connection replaces the client's oldest
+  waiting one if that one has waited ``SLOW_AFTER_S`` (it is answered 408 and closed), and is
+  let through if none has (a burst: many connections opened at once, each about to send its
+  head) up to ``BURST_FACTOR`` times the bound, then answered 429. So a slow-loris client holds
+  at most the bound of slow connections, and a client that opens hundreds of connections at
+  once is not refused for it. uvicorn's ``limit_concurrency`` is one count for the whole
+  server, which such a client fills for everyone.
 * **Aborting a response.** ``scope["extensions"]["aenv.abort"]`` closes the connection under
   a response that cannot be finished (the guest or a node broke mid-body) without uvicorn
   logging it as an application error: the client sees the stream cut, never a false end.
@@ -27,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +45,11 @@ log = logging.getLogger("aenv.api.protocol")
 
 #: The scope extension of :func:`abort`.
 ABORT = "aenv.abort"
+#: A connection waiting this long for its head is slow: at the bound, its client's next
+#: connection replaces it. Younger ones are a burst (a head takes microseconds to send).
+SLOW_AFTER_S = 1.0
+#: How far past the bound a burst of young connections of one client may go.
+BURST_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -81,8 +90,9 @@ class GuardedProtocol(HttpToolsProtocol):
     """Per connection; the class attributes are one server's (see :func:`protocol_class`)."""
 
     limits: ConnectionLimits = ConnectionLimits()
-    #: Waiting connections per client address, shared by the server's connections.
-    waiting: Counter[str] = Counter()
+    #: Waiting connections per client address, oldest first, with when they began to wait;
+    #: shared by the server's connections.
+    waiting: dict[str, dict[GuardedProtocol, float]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -101,9 +111,16 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._waiting:
             return True
         key = self._client_key()
-        if self.waiting[key] >= self.limits.max_slow_per_client:
-            return False
-        self.waiting[key] += 1
+        now = self.loop.time()
+        mine = self.waiting.get(key, {})
+        if len(mine) >= self.limits.max_slow_per_client:
+            oldest, since = next(iter(mine.items()))
+            if now - since >= SLOW_AFTER_S:
+                oldest._reject(408, "replaced by a newer connection of this client, which "
+                                    "had too many waiting for their request head")
+            elif len(mine) >= BURST_FACTOR * self.limits.max_slow_per_client:
+                return False
+        self.waiting.setdefault(key, {})[self] = now
         self._waiting = True
         self._head_bytes = 0
         self._head_timer = self.loop.call_later(self.limits.header_read_timeout_s,
@@ -117,9 +134,10 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._waiting:
             self._waiting = False
             key = self._client_key()
-            self.waiting[key] -= 1
-            if self.waiting[key] <= 0:
-                del self.waiting[key]
+            mine = self.waiting.get(key, {})
+            mine.pop(self, None)
+            if not mine:
+                self.waiting.pop(key, None)
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
@@ -207,5 +225,4 @@ class GuardedProtocol(HttpToolsProtocol):
 
 def protocol_class(limits: ConnectionLimits) -> type[GuardedProtocol]:
     """A protocol class for one server (uvicorn's ``http=``), with its own waiting count."""
-    return type("NodeHttpProtocol", (GuardedProtocol,),
-                {"limits": limits, "waiting": Counter()})
+    return type("NodeHttpProtocol", (GuardedProtocol,), {"limits": limits, "waiting": {}})

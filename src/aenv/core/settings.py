@@ -246,10 +246,11 @@ class Settings(BaseSettings):
     """A kept-alive connection with no request for this long is closed."""
 
     max_slow_connections_per_client: int = Field(default=128, ge=1)
-    """Connections one client address may have waiting for their request head at once; a
-    connection past it is answered 429 and closed, so one client's slow connections cannot
-    starve the others. Connections with a request under way or idle between requests do not
-    count."""
+    """Connections one client address may have waiting for their request head. Past it, a new
+    connection replaces the client's oldest waiting one if that one has waited a second (408),
+    and a burst of new ones is let through up to four times this, then answered 429: one
+    client's slow connections cannot starve the others. Connections with a request under way,
+    or idle between requests, do not count."""
 
     max_metadata_keys: int = Field(default=100, ge=0)
     """Most metadata keys a sandbox may carry (create; 400 past it)."""

@@ -12,9 +12,13 @@ sandbox dies"): the runtime's host tasks grow with the guest's churn of address 
 sentry's threads, not with its live processes (ptrace platform: ~10-15 host tasks per guest
 process during a bash fork bomb, never given back; systrap: its stub processes outnumber the
 guest's several times over), so a bomb held at its guest limit still drives the sandbox's host
-cgroup to its pids limit within seconds and the sentry dies. So the watcher thread treats
-reaching the limit as the fork bomb it almost always is: it SIGKILLs every process in ``user``
-(the sandbox, envd and its files live on; the command that bombed ends, killed), with
+cgroup to its pids limit within seconds and the sentry dies. The limit is kept low for that
+reason too: every task at it competes with envd for the sandbox's CPUs (with 1,024 allowed,
+envd's watcher did not get to run before the host limit). So the watcher thread treats
+reaching the limit with mostly processes (``PROCESSES_PER_LIMIT``) as the fork bomb it
+almost always is: it SIGKILLs every process of the
+sandbox but envd (the sandbox, envd and its files live on; the command that bombed ends,
+killed; so do the user's other processes, as after an OOM kill of a VM's userland), with
 ``pids.max`` at 0 meanwhile so that nothing refills it. It looks
 every ``SLOW_S`` while the cgroup is below half its limit, every ``FAST_S`` above: a bomb
 takes far longer than that to climb the second half, and an idle sandbox pays ~4 reads a
@@ -42,8 +46,12 @@ MOUNT = "/dev/.aenv-pids"
 USER = f"{MOUNT}/user"
 SLOW_S = 0.25
 FAST_S = 0.02
-#: How long a kill round keeps going while the bomb's last forks land.
-KILL_ROUND_S = 2.0
+#: How long a kill round waits at most for the user's cgroup to empty.
+KILL_ROUND_S = 10.0
+#: At its limit, ``user`` is a fork bomb if at least ``limit // PROCESSES_PER_LIMIT`` of its
+#: tasks are processes: a few processes with many threads (a JVM) meet EAGAIN as under a VM
+#: and nothing is killed for them.
+PROCESSES_PER_LIMIT = 2
 
 _enabled = False
 
@@ -109,10 +117,12 @@ def _read(name: str) -> str:
 
 
 def _watch(limit: int) -> None:
+    bomb_at = max(1, limit // PROCESSES_PER_LIMIT)
     while True:
         try:
             current = int(_read("pids.current"))
-            if current >= limit:
+            # Tasks first (one cheap read); processes only once the limit is reached.
+            if current >= limit and len(_read("cgroup.procs").split()) >= bomb_at:
                 _kill_all(limit)
         except (OSError, ValueError) as exc:
             log.warning("the pids watch stopped: %s", exc)
@@ -121,13 +131,16 @@ def _watch(limit: int) -> None:
 
 
 def _kill_all(limit: int) -> None:
-    """SIGKILL everything in ``user``. With ``pids.max`` at 0 meanwhile no fork there
-    succeeds, so the bomb cannot refill what is being killed (killing alone, one pid after
-    the other, lost that race for seconds on a starved sandbox)."""
+    """SIGKILL every process but envd: ``kill(-1)`` first, one system call (on a sandbox a
+    bomb starves, each call of envd's takes tens of milliseconds: killing ~130 processes one
+    by one took 3-5 s, and the host limit came first), then whatever is left in ``user``
+    until it is empty. With ``pids.max`` at 0 meanwhile no fork there succeeds, so nothing
+    refills it."""
     started = time.monotonic()
-    killed = 0
     _write(f"{USER}/pids.max", "0")
     try:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)  # as PID 1: everything in the sandbox but envd
         while time.monotonic() - started < KILL_ROUND_S:
             pids = [int(p) for p in _read("cgroup.procs").split()]
             if not pids:
@@ -135,8 +148,35 @@ def _kill_all(limit: int) -> None:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                    killed += 1
+            time.sleep(FAST_S)
     finally:
         _write(f"{USER}/pids.max", str(limit))
+    reaped = _reap_orphans()
     log.warning("the sandbox's processes reached their limit of %d tasks (a fork bomb?): "
-                "killed %d in %.2f s", limit, killed, time.monotonic() - started)
+                "killed them all in %.2f s, reaped %d", limit, time.monotonic() - started, reaped)
+
+
+def _reap_orphans() -> int:
+    """Reap the zombies the kill left with envd, init of the sandbox, as their parent.
+
+    Left alone they would stay for good and count against ``RLIMIT_NPROC``: after a bomb as
+    ``user``, its 512 zombies made every later fork of that user fail. envd's own commands are
+    session leaders (``start_new_session``) and are reaped by the process manager, which needs
+    their status: only zombies in someone else's session are taken here.
+    """
+    reaped = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields: state, ppid, pgrp, session, ...
+        if len(fields) > 3 and fields[0] == b"Z" and fields[1] == b"1" and int(fields[3]) != pid:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+                reaped += 1
+    return reaped

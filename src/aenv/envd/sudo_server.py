@@ -164,11 +164,11 @@ class SudoServer:
                     raise PermissionDenied(f"{caller_name(uid)} is not in the sudoers file")
                 request = parse(payload)
                 argv, env, cwd = command_for(request, uid)
-                popen = spawn_with_fds(
-                    argv, fds=(fds[0], fds[1], fds[2]), env=env, cwd=cwd,
-                    user=lookup_user(request.user), exec_helper=self.exec_helper,
-                )
-                pidlimit.adopt(popen.pid)
+                with pidlimit.spawning():
+                    popen = spawn_with_fds(
+                        argv, fds=(fds[0], fds[1], fds[2]), env=env, cwd=cwd,
+                        user=lookup_user(request.user), exec_helper=self.exec_helper,
+                    )
             except (ValueError, OSError, AenvError) as exc:
                 message = exc.message if isinstance(exc, AenvError) else str(exc)
                 await _send(conn, struct.pack(">I", 0xFFFFFFFF) + message.encode())

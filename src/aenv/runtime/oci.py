@@ -22,8 +22,8 @@ What runsc 20240729 does with the config (checked on this cgroup-v1 host):
   kept after the guest's exit for reuse; systrap several stub processes per guest process).
   Reaching it makes the sentry panic (exit status 2): the sandbox dies, its neighbours do not
   notice. Neither the guest's ``RLIMIT_NPROC`` (non-root only) nor a pids cgroup inside the
-  guest keeps a bomb below it by itself, so envd also kills what reaches the guest's limit
-  (``Limits.guest_pids``, ``envd/pidlimit.py``).
+  guest keeps a bomb below it, and envd killing what reaches such a cgroup's limit saved the
+  sandbox only about half the time (``Limits.guest_pids``, off by default).
 
 Owns: the bundle directory's contents. Must not touch: the rootfs or the envd bundle (both
 mounted, never written by us).
@@ -85,31 +85,28 @@ DEFAULT_ENV = {
 }
 
 
-#: Host tasks allowed per guest task in the guest's own pids cgroup (``Limits.guest_pids``).
-#: A bash fork bomb on the ptrace platform was measured at ~10-15 host tasks per guest process
-#: when the guest reached its limit (runsc's stub threads: one per address space and sentry
-#: thread); 32 leaves room for the bomb's growth while envd kills it (~0.1-0.7 s).
-HOST_TASKS_PER_GUEST_TASK = 32
-
-
 @dataclass(frozen=True)
 class Limits:
     """Per-sandbox limits that are node policy rather than part of a create request."""
 
     #: Host tasks of the whole sandbox (cgroup pids.max); a backstop for the host: reaching
     #: it makes the sentry panic and the sandbox die (the death says so: runtime/exits.py).
-    pids: int = 4096
+    pids: int = 2048
     #: Guest processes per non-root user (RLIMIT_NPROC); root is not bound by it.
     nproc: int = 512
     #: Open files per process (RLIMIT_NOFILE), as containerd sets it.
     nofile: int = 1_048_576
-
-    @property
-    def guest_pids(self) -> int:
-        """Tasks of the user's processes inside the sandbox (gVisor's own pids cgroup,
-        ``envd/pidlimit.py``): reached first, so a fork bomb fails with EAGAIN and is killed
-        by envd before the host limit ends the whole sandbox."""
-        return max(16, self.pids // HOST_TASKS_PER_GUEST_TASK)
+    #: Tasks of the user's processes in the sandbox's own pids cgroup, at which envd kills
+    #: them all as a fork bomb (``envd/pidlimit.py``); 0: off, the default. Measured on the
+    #: ptrace platform (2026-12-03, a loaded 2-core host): a bash fork bomb reaches ~12-15
+    #: host tasks per guest process (runsc's traced stub threads: one per address space and
+    #: sentry thread), growing by ~500/s more while envd kills it (0.7-5 s: the bomb starves
+    #: envd), so only a limit near ``pids // 64`` leaves envd time, and even then about half
+    #: of the bombs still ended the sandbox; a higher limit lets more runnable bomb tasks
+    #: starve envd (at 1,024 it never got to run). Too low for many workloads (a JVM's
+    #: threads) for too little: off until a runtime keeps host tasks proportional to guest
+    #: processes.
+    guest_pids: int = 0
 
 
 def envd_argv(spec: SandboxSpec, limits: Limits | None = None) -> list[str]:
@@ -126,9 +123,8 @@ def envd_argv(spec: SandboxSpec, limits: Limits | None = None) -> list[str]:
         # Each sandbox its own /proc/sys/kernel/random/boot_id (a template's sandboxes are
         # restores of one image, which holds the kernel's id); envd/bootid.py.
         "--own-boot-id",
-        # User processes in a pids cgroup of their own, below the host's limit.
-        "--pids-limit",
-        str((limits or Limits()).guest_pids),
+        # User processes in a pids cgroup of their own, below the host's limit (if on).
+        *(["--pids-limit", str(limits.guest_pids)] if limits and limits.guest_pids else []),
         *spec.envd_args,
     ]
 
