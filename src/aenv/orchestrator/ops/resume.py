@@ -81,6 +81,9 @@ async def _resume_owned(node: Node, sandbox_id: str, seconds: int
         raise NotFound(f"sandbox {sandbox_id} not found")
     if record.state != SandboxState.PAUSED:
         raise Conflict(f"sandbox {sandbox_id} is {record.state}; try again")
+    if node.workspaces is not None and not frozen(record.instance):
+        # A thaw needs no new disk; a restore or reboot may (the host's watermark: 429).
+        await node.workspaces.ensure_host_room(f"resuming sandbox {sandbox_id}")
     record = await node.store.update(record, state=SandboxState.RESUMING)
     if node.spiller is not None:
         node.spiller.cancel(sandbox_id)
