@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from e2b import CommandExitException, Sandbox
+from e2b import Sandbox
 
 from tests.server.harness import API_KEY, NodeServer
 
@@ -97,13 +97,6 @@ def test_a_fork_bomb_that_ends_its_sandbox_says_so(
     assert b.commands.run("echo alive", timeout=20).stdout == "alive\n"
 
 
-@pytest.mark.xfail(reason="runsc 20240729 cannot keep a bash fork bomb below the host pids "
-                          "limit; see Limits.guest_pids", strict=False)
-def test_a_fork_bomb_ends_its_command_not_its_sandbox(
-    server: NodeServer, pair: tuple[Sandbox, Sandbox],
-) -> None:
-    a, _ = pair
-    with pytest.raises(CommandExitException):
-        a.commands.run(BOMB, user="root", timeout=ENDED_S)
-    assert a.is_running()
-    assert a.commands.run("echo alive; (echo child)", timeout=30).stdout == "alive\nchild\n"
+# Not tested, because it does not hold on the ptrace platform: a fork bomb that ends its command
+# and not its sandbox (docs/lifecycle.md, *When a sandbox dies*: what was measured, and what
+# would hold it).

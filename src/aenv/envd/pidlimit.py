@@ -1,30 +1,31 @@
-"""A pids limit inside the sandbox, and what to do when a fork bomb reaches it.
+"""A pids limit inside the sandbox, and a fork-bomb killer at it (envd ``--pids-limit``).
+
+Off by default (``runtime/oci.Limits.guest_pids``): measured, it saved the sandbox from a
+bash fork bomb only about half the time on runsc 20240729 (docs/lifecycle.md, "When a sandbox
+dies"), and the limit it needs is too low for many workloads.
 
 ``setup`` mounts gVisor's own cgroupfs (pids controller; it lives in the sentry, not on the
-host) at ``MOUNT``, makes one cgroup ``user`` with ``pids.max`` = the limit, and ``adopt``
-puts every process envd starts for the user (commands, PTYs, the sudo stand-in's commands)
-into it. envd itself stays in the root cgroup, so it can always start threads and answer. A
-fork inside ``user`` beyond the limit fails with EAGAIN, as under a VM's kernel, root included
-(RLIMIT_NPROC does not bind root).
+host) at ``MOUNT``, makes one cgroup ``user`` with ``pids.max`` = the limit, and every process
+envd starts for the user (commands, PTYs, the sudo stand-in's commands) is born inside it
+(``spawning``). envd itself stays in the root cgroup, so it can always start threads and
+answer. A fork inside ``user`` beyond the limit fails with EAGAIN, as under a VM's kernel,
+root included (RLIMIT_NPROC does not bind root).
 
-EAGAIN alone does not save the sandbox on runsc 20240729 (measured, docs/lifecycle.md "When a
-sandbox dies"): the runtime's host tasks grow with the guest's churn of address spaces and the
-sentry's threads, not with its live processes (ptrace platform: ~10-15 host tasks per guest
-process during a bash fork bomb, never given back; systrap: its stub processes outnumber the
-guest's several times over), so a bomb held at its guest limit still drives the sandbox's host
-cgroup to its pids limit within seconds and the sentry dies. The limit is kept low for that
-reason too: every task at it competes with envd for the sandbox's CPUs (with 1,024 allowed,
-envd's watcher did not get to run before the host limit). So the watcher thread treats
-reaching the limit with mostly processes (``PROCESSES_PER_LIMIT``) as the fork bomb it
-almost always is: it SIGKILLs every process of the
-sandbox but envd (the sandbox, envd and its files live on; the command that bombed ends,
-killed; so do the user's other processes, as after an OOM kill of a VM's userland), with
-``pids.max`` at 0 meanwhile so that nothing refills it. It looks
-every ``SLOW_S`` while the cgroup is below half its limit, every ``FAST_S`` above: a bomb
-takes far longer than that to climb the second half, and an idle sandbox pays ~4 reads a
-second.
+EAGAIN alone does not save the sandbox: the runtime's host tasks grow with the guest's churn
+of address spaces and the sentry's threads, not with its live processes (ptrace platform:
+~12-15 host tasks per guest process during a bash fork bomb, kept after the guest process
+exits; systrap: several stub processes per guest process), so a bomb held at a guest limit of
+50 tasks still reached the host limit within seconds. So the watcher thread treats a full
+``user`` that is mostly processes (``PROCESSES_PER_LIMIT``; a JVM's threads only meet
+EAGAIN) as a fork bomb: with ``pids.max`` at 0 so that nothing refills it, it SIGKILLs every
+process of the sandbox but envd (``kill(-1)``, one system call: a bomb starves envd, and
+killing ~130 processes one by one took 3-5 s), then reaps the orphans. The limit must stay
+low: every task at it competes with envd for the CPUs (at 1,024 the watcher never got to
+run). It looks every ``SLOW_S`` while ``user`` is below half its limit, every ``FAST_S``
+above.
 
-Owns: the mount and the ``user`` cgroup. Must not touch: processes outside ``user``.
+Owns: the mount and the ``user`` cgroup. Must not touch: envd's own children's exit
+statuses (the process manager reaps those).
 """
 
 from __future__ import annotations

@@ -48,9 +48,11 @@ log = logging.getLogger("aenv.orchestrator.liveness")
 #: Between probe rounds. With ``PROBE_TIMEOUT_S`` it bounds how long a stuck envd goes
 #: unnoticed (the issue's bar: seconds).
 INTERVAL_S = 1.0
-#: envd answers ``/health`` in a millisecond or two; 1.5 s of silence, twice in a row, is not
-#: a busy 2-core host (measured there: the slowest answer under a full test load ~0.2 s).
-PROBE_TIMEOUT_S = 1.5
+#: envd answers ``/health`` in milliseconds; 2 s of silence twice in a row (as long as a pause
+#: waits before calling the guest unresponsive, ``envd_client.HEALTH_PROBE_S``) is a stuck or
+#: starved envd, not a busy host: a false verdict would refuse that sandbox's envd requests
+#: until the next answered probe, a second later.
+PROBE_TIMEOUT_S = 2.0
 #: Probes in flight at once: a round over hundreds of sandboxes stays a few hundred
 #: milliseconds of the node's CPU, and a stuck sandbox holds one of them for its timeouts.
 CONCURRENCY = 64
