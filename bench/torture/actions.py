@@ -109,7 +109,13 @@ def fork(world: World, api: httpx.Client, rng: random.Random, known: Known) -> N
 
 def kill(world: World, api: httpx.Client, rng: random.Random, known: Known) -> None:
     started = time.monotonic()
-    r = api.delete(f"/sandboxes/{known.sandbox_id}")
+    try:
+        r = api.delete(f"/sandboxes/{known.sandbox_id}")
+    except httpx.TransportError:
+        # The node died under the kill: it may have marked the sandbox killing, which its
+        # recovery then finishes, or never seen the call.
+        known.expires = True
+        raise
     took = time.monotonic() - started
     _status(world, "kill", r, known.sandbox_id)
     # Killed only once the node said so (a kill sent to a node being restarted never ran).

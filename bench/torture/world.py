@@ -16,7 +16,8 @@ class Known:
     sandbox_id: str
     files: dict[str, str] = field(default_factory=dict)
     killed: bool = False
-    #: Its timeout was set to 0: the node pauses or kills it on its own.
+    #: It may be gone without a kill the clients saw answered: its timeout was set to 0 (the
+    #: node pauses or kills it on its own), or the node died under a kill of it.
     expires: bool = False
     #: The SDK's handle (envd traffic through the proxy with the sandbox's own token).
     handle: Any = None

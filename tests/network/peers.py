@@ -5,8 +5,9 @@ behind a router: the host reaches the netns through a veth with a TEST-NET-3 lin
 (203.0.113.0/30s, RFC 5737), and the echo server's address (a TEST-NET-2 /32, 198.51.100.128
 and up) is routed via the far end of that link, as the real internet is via a default gateway:
 the node denies the subnets on its interfaces and their gateways (node_nets.py), not what lies
-behind them. The one "private" address the tests use (10.255.255.2) is routed the same way into
-that netns, so a broken isolation rule would deliver to our peer, never off the machine.
+behind them. The one "private" address the tests use (10.255.255.x, one per peer) is routed
+the same way into that netns, so a broken isolation rule would deliver to our peer, never off
+the machine.
 
 "The LAN" (``LanPeer``) is the other case: a netns on a subnet of the host's own
 (198.51.100.0/30s below .128, on no fixed list), which sandboxes must never reach.
@@ -49,8 +50,6 @@ while True:
 
 #: The port the peer's echo server listens on.
 ECHO_PORT = 7007
-#: A private address routed into the peer (only by a /32 route, only while tests run).
-PRIVATE_IP = "10.255.255.2"
 
 
 def sh(*argv: str, check: bool = True, input: str | None = None) -> str:
@@ -64,7 +63,7 @@ def sh(*argv: str, check: bool = True, input: str | None = None) -> str:
 
 @dataclass
 class InternetPeer:
-    """A netns with an echo server at ``ip:ECHO_PORT`` (and ``PRIVATE_IP``), routed via the
+    """A netns with an echo server at ``ip:ECHO_PORT`` (and ``private_ip``), routed via the
     host and a router (``router_ip``) like any destination a sandbox reaches through NAT."""
 
     tag: int = field(default_factory=lambda: os.getpid() % 60)
@@ -93,6 +92,12 @@ class InternetPeer:
         """The echo server's address, behind ``router_ip``."""
         return f"198.51.100.{128 + self.tag}"
 
+    @property
+    def private_ip(self) -> str:
+        """A private address routed into the peer (only by a /32 route, only while tests
+        run); one per peer, so test processes side by side do not share its route."""
+        return f"10.255.255.{2 + self.tag}"
+
     def start(self) -> None:
         self.stop()  # leftovers of a crashed run with the same tag
         try:
@@ -110,7 +115,7 @@ class InternetPeer:
                 f"addr add {self.host_ip}/30 dev {self.host_ifname}",
                 f"link set {self.host_ifname} up",
                 f"route add {self.ip}/32 via {self.router_ip} dev {self.host_ifname}",
-                f"route add {PRIVATE_IP}/32 via {self.router_ip} dev {self.host_ifname}",
+                f"route add {self.private_ip}/32 via {self.router_ip} dev {self.host_ifname}",
             ]) + "\n",
         )
         sh(
@@ -118,14 +123,17 @@ class InternetPeer:
             input="\n".join([
                 f"addr add {self.router_ip}/30 dev eth0",
                 f"addr add {self.ip}/32 dev eth0",
-                f"addr add {PRIVATE_IP}/32 dev eth0",
+                f"addr add {self.private_ip}/32 dev eth0",
                 "link set eth0 up",
                 "link set lo up",
             ]) + "\n",
         )
         self.server = subprocess.Popen(
-            ["ip", "netns", "exec", self.netns, sys.executable, "-c", ECHO_SERVER,
-             str(ECHO_PORT)],
+            # nsenter, not ``ip netns exec``: that one makes a mount namespace, a copy of every
+            # mount of the machine, which would pin the disk workspaces of every node's
+            # sandboxes mounted at the time for as long as this server lives.
+            ["nsenter", f"--net=/run/netns/{self.netns}", "--", sys.executable, "-c",
+             ECHO_SERVER, str(ECHO_PORT)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
         )
         assert self.server.stdout is not None
@@ -187,8 +195,8 @@ class LanPeer:
                 input=f"addr add {self.ip}/30 dev eth0\nlink set eth0 up\nlink set lo up\n",
             )
             self.server = subprocess.Popen(
-                ["ip", "netns", "exec", self.netns, sys.executable, "-c", ECHO_SERVER,
-                 str(ECHO_PORT)],
+                ["nsenter", f"--net=/run/netns/{self.netns}", "--", sys.executable, "-c",
+                 ECHO_SERVER, str(ECHO_PORT)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
             )
             assert self.server.stdout is not None

@@ -21,7 +21,6 @@ from tests.network.peers import (
     ECHO_PORT,
     HOLD,
     HTTP_SERVER,
-    PRIVATE_IP,
     PROBE,
     HostListener,
     InternetPeer,
@@ -38,7 +37,7 @@ PROBE_TIMEOUT_S = 1.5
 async def in_netns(slot: NetSlot, code: str, *args: str, timeout: float = 30) -> str:
     """Run a Python snippet in the slot's netns (as its guest would) and return its stdout."""
     child = await asyncio.create_subprocess_exec(
-        "ip", "netns", "exec", slot.netns, sys.executable, "-c", code, *args,
+        "nsenter", f"--net=/run/netns/{slot.netns}", "--", sys.executable, "-c", code, *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(child.communicate(), timeout)
@@ -56,7 +55,8 @@ async def test_the_host_reaches_each_guest_through_its_veth(pool: SlotPool) -> N
     a, b = await pool.acquire(), await pool.acquire()
     servers = [
         await asyncio.create_subprocess_exec(
-            "ip", "netns", "exec", s.netns, sys.executable, "-c", HTTP_SERVER, "8080", s.netns
+            "nsenter", f"--net=/run/netns/{s.netns}", "--", sys.executable, "-c", HTTP_SERVER,
+            "8080", s.netns
         )
         for s in (a, b)
     ]
@@ -130,11 +130,12 @@ async def test_internal_ranges_follow_the_policy_at_run_time(
     pool: SlotPool, internet: InternetPeer
 ) -> None:
     slot = await pool.acquire()
-    private, public = f"{PRIVATE_IP}:{ECHO_PORT}", f"{internet.ip}:{ECHO_PORT}"
+    private, public = f"{internet.private_ip}:{ECHO_PORT}", f"{internet.ip}:{ECHO_PORT}"
     assert await probe(slot, private, public) == {private: "timeout", public: "connected"}
-    await pool.set_egress(slot, EgressPolicy(allow_out=(PRIVATE_IP,)))
+    await pool.set_egress(slot, EgressPolicy(allow_out=(internet.private_ip,)))
     assert await probe(slot, private, public) == {private: "connected", public: "connected"}
-    await pool.set_egress(slot, EgressPolicy(allow_internet=False, allow_out=(PRIVATE_IP,)))
+    await pool.set_egress(slot, EgressPolicy(allow_internet=False,
+                                             allow_out=(internet.private_ip,)))
     assert await probe(slot, private, public) == {private: "connected", public: "timeout"}
     await pool.set_egress(slot, EgressPolicy(deny_out=(internet.ip,)))
     assert await probe(slot, public) == {public: "timeout"}

@@ -18,7 +18,7 @@ import pytest
 from e2b import CommandExitException, Sandbox
 from e2b.exceptions import SandboxException, TimeoutException
 
-from tests.network.peers import ECHO_PORT, PRIVATE_IP, HostListener, InternetPeer, LanPeer
+from tests.network.peers import ECHO_PORT, HostListener, InternetPeer, LanPeer
 from tests.security.probes import host_addresses, probe, return_addresses
 from tests.server.harness import NodeServer
 
@@ -179,7 +179,7 @@ def test_private_and_node_networks_are_unreachable(
         lan_server,
         f"{lan.host_ip}:{ECHO_PORT}",
         f"{internet.router_ip}:{ECHO_PORT}",
-        f"{PRIVATE_IP}:{ECHO_PORT}",
+        f"{internet.private_ip}:{ECHO_PORT}",
     ]
     result = probe(sandbox, public, *denied)
     assert result == {public: "connected", **dict.fromkeys(denied, "timeout")}
