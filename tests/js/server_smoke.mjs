@@ -37,7 +37,7 @@ async function main() {
     summary.info = true
 
     // Memory survives pause/connect: a shell variable only the process remembers.
-    await sbx.commands.run('n=41; while :; do n=$((n+1)); echo $n > /tmp/n; sleep 0.1; done', {
+    await sbx.commands.run('n=41; while :; do n=$((n+1)); echo $n > /tmp/n.t; mv /tmp/n.t /tmp/n; sleep 0.1; done', {
       background: true,
     })
     await new Promise((r) => setTimeout(r, 400))

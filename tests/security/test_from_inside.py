@@ -258,7 +258,9 @@ def test_raw_sockets_and_spoofed_sources_go_nowhere(
 def test_a_user_without_sudo_cannot_become_root(sandbox: Sandbox) -> None:
     for command in ("sudo -n id -u", "setpriv --reuid 12345 sudo -n id -u"):
         try:
-            out = sandbox.commands.run(command, user="nobody", timeout=20).stdout.strip()
+            # nobody's home (/nonexistent) is no directory: run it from /tmp.
+            out = sandbox.commands.run(command, user="nobody", cwd="/tmp",
+                                       timeout=20).stdout.strip()
         except CommandExitException:
             continue
         assert out != "0", command
