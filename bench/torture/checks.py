@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 from e2b import Sandbox
+from tests.server.harness import leaked_sandboxes
 
 from bench.torture.actions import KILL_S, _digest
 from bench.torture.world import Known, World
@@ -97,15 +98,13 @@ def leaks(world: World, home: Path, slot_range: tuple[int, int], slots_before: i
 
 def _leftovers(ids: set[str], home: Path) -> list[str]:
     found: list[str] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in leaked_sandboxes(home):  # the node's runsc processes: its pools' too
         try:
-            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if f"--root={home}/runtime/runsc" in argv and any(i in argv for i in ids):
-            found.append(f"process {entry.name}: {argv[:120]}")
+        if any(i in argv for i in ids):
+            found.append(f"process {pid}: {argv[:120]}")
     for root in Path("/sys/fs/cgroup").iterdir():
         parent = root / "aenv"
         if parent.is_dir():
