@@ -66,6 +66,8 @@ class Owners:
     def __init__(self, *, deadline_s: float = 300.0, wait_s: float = 30.0) -> None:
         self._owners: dict[str, Owner] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Kills' teardowns, which a shutdown lets finish (``close``).
+        self._kills: set[asyncio.Task[Any]] = set()
         self.deadline_s = deadline_s
         self.wait_s = wait_s
         #: Set by the composition root (``settle.settle``); None: nothing is settled.
@@ -231,19 +233,27 @@ class Owners:
                 self._drop_if_idle(owner)
 
         task = asyncio.create_task(whole(), name=f"kill-{sandbox_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._kills.add(task)
+        task.add_done_callback(self._kills.discard)
         return task
 
     # -- lifetime ------------------------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Cancel every owned task and wait for them (server shutdown: recovery finishes
-        what they leave at the next start)."""
+    async def close(self, *, kill_wait_s: float = 30.0) -> None:
+        """Cancel every owned operation and wait for them (server shutdown: recovery finishes
+        what they leave at the next start). Kills are not cancelled: a kill that answered
+        early (``kill_answer_s``) must not leave its sandbox's processes behind; they get
+        ``kill_wait_s`` to finish, and what is still unfinished then is recovery's."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        kills = list(self._kills)
+        if kills:
+            _, late = await asyncio.wait(kills, timeout=kill_wait_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*kills, return_exceptions=True)
 
     def forget_error(self, sandbox_id: str) -> None:
         self._errors.pop(sandbox_id, None)
