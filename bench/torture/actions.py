@@ -30,18 +30,29 @@ def _status(world: World, name: str, response: httpx.Response, sandbox_id: str) 
     if response.status_code >= 500 and response.status_code not in (503, 504):
         world.violate(f"{name} {sandbox_id}: {response.status_code} {response.text[:200]}")
     elif response.status_code >= 400:
-        body = response.json() if response.headers.get("content-type", "").startswith(
-            "application/json") else None
-        if not (isinstance(body, dict) and isinstance(body.get("code"), int)
-                and isinstance(body.get("message"), str)):
-            world.violate(f"{name} {sandbox_id}: {response.status_code} without an E2B "
-                          f"error body: {response.text[:200]}")
+        body = (
+            response.json()
+            if response.headers.get("content-type", "").startswith("application/json")
+            else None
+        )
+        if not (
+            isinstance(body, dict)
+            and isinstance(body.get("code"), int)
+            and isinstance(body.get("message"), str)
+        ):
+            world.violate(
+                f"{name} {sandbox_id}: {response.status_code} without an E2B "
+                f"error body: {response.text[:200]}"
+            )
     return response.status_code
 
 
 def create(world: World, api: httpx.Client, rng: random.Random, run: str) -> None:
-    sbx = Sandbox.create(timeout=rng.choice([60, 120, 300]), metadata={"torture": run},
-                         lifecycle={"on_timeout": rng.choice(["pause", "kill"])})
+    sbx = Sandbox.create(
+        timeout=rng.choice([60, 120, 300]),
+        metadata={"torture": run},
+        lifecycle={"on_timeout": rng.choice(["pause", "kill"])},
+    )
     known = world.add(sbx.sandbox_id)
     path, content = _new_file(rng)
     sbx.files.write(path, content)
@@ -97,8 +108,9 @@ def snapshot(world: World, api: httpx.Client, rng: random.Random, known: Known) 
 
 def fork(world: World, api: httpx.Client, rng: random.Random, known: Known) -> None:
     inherited = dict(known.files)  # acknowledged before the fork: every child has them
-    r = api.post(f"/sandboxes/{known.sandbox_id}/fork",
-                 json={"count": rng.randint(1, 2), "timeout": 120})
+    r = api.post(
+        f"/sandboxes/{known.sandbox_id}/fork", json={"count": rng.randint(1, 2), "timeout": 120}
+    )
     if _status(world, "fork", r, known.sandbox_id) != 201:
         return
     for entry in r.json():
@@ -145,8 +157,9 @@ def command(world: World, api: httpx.Client, rng: random.Random, known: Known) -
 
 
 def proxy(world: World, api: httpx.Client, rng: random.Random, known: Known) -> None:
-    r = api.get("/health", headers={"E2b-Sandbox-Id": known.sandbox_id,
-                                    "E2b-Sandbox-Port": str(ENVD_PORT)})
+    r = api.get(
+        "/health", headers={"E2b-Sandbox-Id": known.sandbox_id, "E2b-Sandbox-Port": str(ENVD_PORT)}
+    )
     world.count("proxy", str(r.status_code))
     if r.status_code >= 500 and r.status_code != 502:
         world.violate(f"proxy {known.sandbox_id}: {r.status_code} {r.text[:200]}")
@@ -185,10 +198,16 @@ def _digest(content: str) -> str:
     return hashlib.sha256(content.encode()).hexdigest()
 
 
-ON_SANDBOX: dict[str, tuple[float, Callable[[World, httpx.Client, random.Random, Known],
-                                             None]]] = {
-    "pause": (10, pause), "resume": (10, resume), "connect": (5, connect),
-    "timeout": (6, timeout), "refresh": (4, refresh), "snapshot": (4, snapshot),
-    "fork": (3, fork), "kill": (3, kill), "write": (12, write), "command": (10, command),
+ON_SANDBOX: dict[str, tuple[float, Callable[[World, httpx.Client, random.Random, Known], None]]] = {
+    "pause": (10, pause),
+    "resume": (10, resume),
+    "connect": (5, connect),
+    "timeout": (6, timeout),
+    "refresh": (4, refresh),
+    "snapshot": (4, snapshot),
+    "fork": (3, fork),
+    "kill": (3, kill),
+    "write": (12, write),
+    "command": (10, command),
     "proxy": (8, proxy),
 }

@@ -3,7 +3,9 @@ within the kill bound, and leaves nothing behind on the host."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -67,8 +69,9 @@ def kill_all(world: World, api: httpx.Client) -> None:
         started = time.monotonic()
         r = api.delete(f"/sandboxes/{known.sandbox_id}")
         if known.killed and r.status_code != 404:
-            world.violate(f"{known.sandbox_id} was killed, but a second kill answered "
-                          f"{r.status_code}")
+            world.violate(
+                f"{known.sandbox_id} was killed, but a second kill answered {r.status_code}"
+            )
         known.killed = True
         took = time.monotonic() - started
         world.kill_seconds.append(took)
@@ -112,11 +115,15 @@ def _leftovers(ids: set[str], home: Path) -> list[str]:
     for sub in ("sandboxes", "runtime", "paused"):
         directory = home / sub
         if directory.is_dir():
-            found += [f"{sub}/{d.name}" for d in directory.iterdir()
-                      if d.name.removesuffix(".partial") in ids]
+            found += [
+                f"{sub}/{d.name}"
+                for d in directory.iterdir()
+                if d.name.removesuffix(".partial") in ids
+            ]
     mounts = Path("/proc/self/mountinfo").read_text()
-    found += [f"mount {line.split()[4]}" for line in mounts.splitlines()
-              if any(i in line for i in ids)]
+    found += [
+        f"mount {line.split()[4]}" for line in mounts.splitlines() if any(i in line for i in ids)
+    ]
     loops = subprocess.run(["losetup", "-J", "-l"], capture_output=True, text=True).stdout
     for device in json.loads(loops or '{"loopdevices": []}').get("loopdevices", []):
         backing = device.get("back-file") or ""
@@ -124,11 +131,32 @@ def _leftovers(ids: set[str], home: Path) -> list[str]:
             found.append(f"loop device {device['name']} on {backing}")
     manifests = home / "repository" / "manifests"
     if manifests.is_dir():
-        found += [f"manifest {m.name}" for m in manifests.iterdir()
-                  if m.name.removeprefix("paused-").split(".")[0] in ids]
+        found += [
+            f"manifest {m.name}"
+            for m in manifests.iterdir()
+            if m.name.removeprefix("paused-").split(".")[0] in ids
+        ]
     staging = home / "staging"
     if staging.is_dir():
         found += [f"staging/{s.name}" for s in staging.iterdir()]
+    return found
+
+
+def unreferenced_blobs(home: Path, older_than_s: float) -> list[str]:
+    """Repository blobs no manifest names that a GC pass should have taken (older than its
+    grace): what the run's pauses, snapshots and forks left behind."""
+    repository = home / "repository"
+    named: set[str] = set()
+    for manifest in (repository / "manifests").glob("*"):
+        with contextlib.suppress(OSError):
+            named |= set(re.findall(r"sha256:([0-9a-f]{64})", manifest.read_text()))
+    blobs = repository / "blobs" / "sha256"
+    found = []
+    now = time.time()
+    for blob in blobs.iterdir() if blobs.is_dir() else []:
+        with contextlib.suppress(FileNotFoundError):
+            if blob.name not in named and now - blob.stat().st_mtime > older_than_s:
+                found.append(f"blob {blob.name[:12]} ({blob.stat().st_size >> 20} MiB)")
     return found
 
 
@@ -151,9 +179,11 @@ def _slots(slot_range: tuple[int, int], before: int) -> list[str]:
 def report(world: World) -> str:
     kills = sorted(world.kill_seconds)
     p = (lambda q: kills[min(len(kills) - 1, int(q * len(kills)))]) if kills else (lambda q: 0.0)
-    lines = [f"sandboxes {len(world.sandboxes)}, calls {sum(world.outcomes.values())}, "
-             f"kills {len(kills)} (p50 {p(0.5):.2f} s, max {max(kills, default=0):.2f} s), "
-             f"violations {len(world.violations)}"]
+    lines = [
+        f"sandboxes {len(world.sandboxes)}, calls {sum(world.outcomes.values())}, "
+        f"kills {len(kills)} (p50 {p(0.5):.2f} s, max {max(kills, default=0):.2f} s), "
+        f"violations {len(world.violations)}"
+    ]
     by_op: dict[str, list[str]] = {}
     for (op, outcome), n in sorted(world.outcomes.items()):
         by_op.setdefault(op, []).append(f"{outcome} x{n}")
@@ -162,4 +192,13 @@ def report(world: World) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Known", "files_kept", "kill_all", "leaks", "report", "settled", "slots_in_use"]
+__all__ = [
+    "Known",
+    "files_kept",
+    "kill_all",
+    "leaks",
+    "report",
+    "settled",
+    "slots_in_use",
+    "unreferenced_blobs",
+]

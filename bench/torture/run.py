@@ -50,10 +50,14 @@ def run(node: CrashableNode, api_key: str, plan: Plan) -> World:
     time.sleep(2)  # the pools fill after start: the baseline is what they hold at rest
     slots_before = checks.slots_in_use(slot_range)
     stop = time.monotonic() + plan.seconds
-    threads = [threading.Thread(target=_client, name=f"client-{i}",
-                                args=(node, api_key, world, random.Random(rng.random()),
-                                      plan, stop, run_id))
-               for i in range(plan.clients)]
+    threads = [
+        threading.Thread(
+            target=_client,
+            name=f"client-{i}",
+            args=(node, api_key, world, random.Random(rng.random()), plan, stop, run_id),
+        )
+        for i in range(plan.clients)
+    ]
     chaos = threading.Thread(target=_chaos, args=(node, world, rng, plan, stop), name="chaos")
     for t in (*threads, chaos):
         t.start()
@@ -71,8 +75,15 @@ def _client_api(node: CrashableNode, api_key: str) -> httpx.Client:
     return httpx.Client(base_url=node.url, headers={"X-API-KEY": api_key}, timeout=90)
 
 
-def _client(node: CrashableNode, api_key: str, world: World, rng: random.Random, plan: Plan,
-            stop: float, run_id: str) -> None:
+def _client(
+    node: CrashableNode,
+    api_key: str,
+    world: World,
+    rng: random.Random,
+    plan: Plan,
+    stop: float,
+    run_id: str,
+) -> None:
     names = list(actions.ON_SANDBOX)
     weights = [actions.ON_SANDBOX[n][0] for n in names]
     with _client_api(node, api_key) as api:
@@ -103,8 +114,7 @@ def _unexpected(world: World, exc: Exception) -> None:
         world.violate(f"{name}: {text[:200]}")
 
 
-def _chaos(node: CrashableNode, world: World, rng: random.Random, plan: Plan,
-           stop: float) -> None:
+def _chaos(node: CrashableNode, world: World, rng: random.Random, plan: Plan, stop: float) -> None:
     start = time.monotonic()
     moments = sorted(start + rng.uniform(0.2, 0.8) * plan.seconds for _ in range(plan.crashes))
     for moment in moments:
