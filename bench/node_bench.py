@@ -66,8 +66,8 @@ from tests.server.harness import (
     start_server,
 )
 
+from aenv.core.net import GUEST_IP, NetSlot
 from aenv.core.settings import Settings
-from aenv.network.base import GUEST_IP, NetSlot
 from aenv.runtime import oci
 from aenv.runtime.base import ENVD_PORT, SandboxSpec
 from aenv.runtime.runsc import RUNSC, RunscConfig

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tests.server.harness import BUNDLE as HARNESS_BUNDLE
 
+from aenv.core.net import NetSlot
 from aenv.core.settings import Settings
-from aenv.network.base import NetSlot
 from aenv.runtime import oci
 from aenv.runtime.base import ENVD_PORT, SandboxSpec
 from aenv.runtime.runsc import RUNSC, RunscConfig

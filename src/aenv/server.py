@@ -26,19 +26,20 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from aenv.api.app import NodeApp, build_api
-from aenv.api.limits import BodyLimits
-from aenv.api.protocol import ConnectionLimits, protocol_class
 from aenv.cluster.heartbeat import Heartbeat
 from aenv.cluster.peer_fetch import PeerBlobs
 from aenv.core import faults, ids, proc
 from aenv.core.errors import AenvError, FailedPrecondition
 from aenv.core.locks import HeldLock, lock_home, lock_slot_range
 from aenv.core.settings import Settings
+from aenv.edge.limits import BodyLimits
+from aenv.edge.protocol import ConnectionLimits, protocol_class
 from aenv.envd.bundle import build_bundle
 from aenv.network.guest_http import GuestConnector
 from aenv.network.pool import NetConfig, SlotPool
 from aenv.orchestrator.admission import Admission
 from aenv.orchestrator.builder import Builder
+from aenv.orchestrator.catalog import TemplateCatalog
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deaths import DeathWatch
 from aenv.orchestrator.gc import run_gc_loop
@@ -72,7 +73,6 @@ from aenv.storage.skopeo import Skopeo
 from aenv.storage.workspaces import WorkspaceStore
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
-from aenv.templates.catalog import TemplateCatalog
 
 log = logging.getLogger("aenv.server")
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from aenv.api.limits import BodyLimits
 from aenv.cluster.gateway import create_app
+from aenv.edge.limits import BodyLimits
 
 pytestmark = pytest.mark.anyio
 

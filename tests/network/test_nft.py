@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from aenv.core.errors import InvalidArgument
+from aenv.core.net import EgressPolicy
 from aenv.network import nft
-from aenv.network.base import EgressPolicy
 
 
 def test_default_policy_denies_internal_ranges_then_allows() -> None:

@@ -6,8 +6,8 @@ import ipaddress
 import subprocess
 from typing import Any
 
+from aenv.core.net import EgressPolicy
 from aenv.network import nft, node_nets
-from aenv.network.base import EgressPolicy
 
 #: ``ip -4 -j route show table all`` of a node on a public-range LAN with a VPN, policy
 #: routing, a Docker bridge and two sandbox slots (trimmed to the fields that matter).

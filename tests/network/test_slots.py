@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from aenv.core.net import GATEWAY_IP, GUEST_IP, GUEST_MAC, EgressPolicy
 from aenv.network import nft, slots
-from aenv.network.base import GATEWAY_IP, GUEST_IP, GUEST_MAC, EgressPolicy
 from aenv.network.pool import SlotPool
 from tests.network.fixtures import TEST_FIRST, TEST_LAST, ours, pool_config
 from tests.network.peers import wait_gone

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
+from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import guest_http
-from aenv.network.base import EgressPolicy, NetSlot
 from aenv.network.pool import SlotPool
 from tests.network.fixtures import pool_config
 from tests.network.peers import (

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from aenv.core import ids
+from aenv.core.net import NetSlot
 from aenv.network import guest_http
-from aenv.network.base import NetSlot
 from aenv.network.pool import SlotPool
 from aenv.runtime.base import ENVD_MOUNT, ENVD_PORT, Instance, SandboxSpec
 from aenv.runtime.gvisor import GvisorConfig, GvisorRuntime

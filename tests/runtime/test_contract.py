@@ -34,8 +34,8 @@ from aenv.core.errors import (
     NotFound,
     RuntimeFailure,
 )
+from aenv.core.net import NetSlot
 from aenv.network import slots
-from aenv.network.base import NetSlot
 from aenv.runtime.base import IMAGE_FILES, Instance, MemoryImage, Runtime, SandboxSpec
 from aenv.runtime.fake import FakeRuntime
 from tests.runtime.conftest import SandboxFactory

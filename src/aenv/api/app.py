@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv.api import errors, templates
-from aenv.api.limits import BodyLimits, guard
+from aenv.api import templates
 from aenv.api.routes import public, router
 from aenv.core.states import SandboxState
+from aenv.edge import errors
+from aenv.edge.limits import BodyLimits, guard
 from aenv.orchestrator.context import Node
 from aenv.proxy.app import Proxy
 from aenv.proxy.errors import bad_target
@@ -62,7 +63,7 @@ class NodeApp:
                     limit=self.limits.for_api(scope), idle_s=self.limits.idle_s)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
-        """To the sandbox; an HTTP body held to the proxy's limit (api/limits.py)."""
+        """To the sandbox; an HTTP body held to the proxy's limit (edge/limits.py)."""
         if scope["type"] != "http":
             await self.proxy(scope, receive, send, target)
             return

@@ -11,7 +11,6 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from aenv.api import idempotency, listing
 from aenv.api.auth import require_api_key
 from aenv.api.convert import detail, iso, listed, sandbox_out
-from aenv.api.limits import check_sandbox_inputs
 from aenv.api.node import NodeDep, node_of
 from aenv.api.schemas import (
     ConnectBody,
@@ -39,6 +38,7 @@ from aenv.api.templates import delete_built_template
 from aenv.core.errors import Conflict, InvalidArgument, NotFound
 from aenv.core.ids import is_sandbox_id
 from aenv.core.states import SandboxState
+from aenv.edge.limits import check_sandbox_inputs
 from aenv.orchestrator import gc, idle
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops import create as create_op

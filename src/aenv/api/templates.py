@@ -24,7 +24,6 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from aenv.api.auth import require_api_key
 from aenv.api.convert import sandbox_out
-from aenv.api.limits import check_sandbox_inputs
 from aenv.api.node import NodeDep
 from aenv.api.schemas import SandboxOut
 from aenv.api.template_schemas import (
@@ -52,6 +51,7 @@ from aenv.core.errors import (
     NotFound,
     PermissionDenied,
 )
+from aenv.edge.limits import check_sandbox_inputs
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator.builder import Builder
 from aenv.orchestrator.context import Node

@@ -75,11 +75,11 @@ def gateway(
              "the nodes still check it)")] = None,
 ) -> None:
     """Serve the gateway: the E2B API and sandbox traffic of the whole cluster."""
-    from aenv.api.limits import BodyLimits
-    from aenv.api.protocol import ConnectionLimits, protocol_class
     from aenv.cluster.gateway import create_app
     from aenv.cluster.redis_client import connect
     from aenv.core.settings import Settings
+    from aenv.edge.limits import BodyLimits
+    from aenv.edge.protocol import ConnectionLimits, protocol_class
 
     scheduler_url = scheduler or os.environ.get("AENV_SCHEDULER") or f"http://{DEFAULT_SCHEDULER}"
     key = api_key or os.environ.get("AENV_API_KEY")

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from aenv.api.protocol import abort
+from aenv.edge.protocol import abort
 
 log = logging.getLogger("aenv.cluster.forward")
 

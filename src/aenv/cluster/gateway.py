@@ -26,10 +26,10 @@ Stateless; any number of replicas. What it does with a request:
   repository's templates and snapshots. A build-file upload is streamed to the first one, not
   buffered to be tried on the next.
 
-Limits (``api/limits.py``, docs/limits.md): the control plane's bodies are held to the nodes'
+Limits (``edge/limits.py``, docs/limits.md): the control plane's bodies are held to the nodes'
 ``max_body_bytes`` before anything is buffered here, sandbox traffic to
 ``proxy_max_body_bytes``; heads, header-read timeouts and slow connections per client are
-bounded by the protocol ``aenv gateway`` serves with (``api/protocol.py``).
+bounded by the protocol ``aenv gateway`` serves with (``edge/protocol.py``).
 
 API keys: the gateway checks ``X-API-KEY`` on the control plane against the cluster's key
 (the nodes' own), before it reserves anything; the node checks it again.
@@ -56,13 +56,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv.api.limits import BodyLimits, guard, is_upload
 from aenv.api.listing import encode_cursor
 from aenv.cluster import bindings, fork_spread, forward, reserve
 from aenv.cluster.cache import Binding, ClusterCache
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
 from aenv.cluster.scheduler_client import SchedulerClient
+from aenv.edge.limits import BodyLimits, guard, is_upload
 from aenv.proxy import errors as proxy_errors
 from aenv.proxy.routing import Target, route
 
@@ -380,7 +380,7 @@ def _order(item: dict[str, object]) -> tuple[float, str]:
 
 
 class _Limited:
-    """Request bodies held to their limits before the gateway buffers any (api/limits.py)."""
+    """Request bodies held to their limits before the gateway buffers any (edge/limits.py)."""
 
     def __init__(self, app: ASGIApp, limits: BodyLimits) -> None:
         self.app = app
@@ -410,7 +410,7 @@ def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
     async def http_error(_: Request, exc: Exception) -> Response:
-        # A body cut off at its limit (api/limits.py) ends here: E2B's body, not plain text.
+        # A body cut off at its limit (edge/limits.py) ends here: E2B's body, not plain text.
         assert isinstance(exc, HTTPException)
         return _error(exc.status_code, str(exc.detail))
 

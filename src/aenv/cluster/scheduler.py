@@ -37,10 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from aenv.api import errors
 from aenv.cluster import placement, registry, reserve
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import SUSPECT_AFTER_S, Health
+from aenv.edge import errors
 
 log = logging.getLogger("aenv.cluster.scheduler")
 

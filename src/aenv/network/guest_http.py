@@ -34,7 +34,7 @@ import httpcore
 import httpx
 
 from aenv.core.errors import Unavailable
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 
 if TYPE_CHECKING:
     from aenv.network.guest_pool import PooledConnection

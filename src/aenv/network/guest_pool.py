@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from aenv.core.net import NetSlot
 from aenv.network import guest_http
-from aenv.network.base import NetSlot
 
 #: Idle connections kept per guest port: wrk-like fan-in of 16-64 clients stays warm.
 MAX_IDLE_PER_PORT = 64

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from aenv.core import proc
 from aenv.core.errors import CommandError, Internal, InvalidArgument
-from aenv.network.base import GATEWAY_IP, GUEST_IP, EgressPolicy
+from aenv.core.net import GATEWAY_IP, GUEST_IP, EgressPolicy
 from aenv.network.slots import HOST_IF_PREFIX
 
 FAMILY = "inet"

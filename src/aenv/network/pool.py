@@ -29,8 +29,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from aenv.core.errors import AenvError, Internal, InvalidArgument, NotFound, ResourceExhausted
+from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import nft, node_nets, slots
-from aenv.network.base import EgressPolicy, NetSlot
 
 log = logging.getLogger("aenv.network")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from aenv.core import proc
 from aenv.core.errors import CommandError, Internal, InvalidArgument
-from aenv.network.base import GATEWAY_IP, GUEST_IP, GUEST_MAC, PREFIX_LEN, NetSlot
+from aenv.core.net import GATEWAY_IP, GUEST_IP, GUEST_MAC, PREFIX_LEN, NetSlot
 
 log = logging.getLogger("aenv.network")
 

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import httpx
 
-from aenv.network.base import EgressPolicy, NetSlot
+from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network.guest_pool import PooledConnection
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from aenv.core.errors import FailedPrecondition
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.disk_room import ensure_room
 from aenv.orchestrator.instance_codec import decode

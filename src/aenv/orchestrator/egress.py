@@ -11,7 +11,7 @@ import ipaddress
 from typing import Any
 
 from aenv.core.errors import InvalidArgument
-from aenv.network.base import EgressPolicy
+from aenv.core.net import EgressPolicy
 
 
 def _cidrs(value: Any, name: str) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from aenv.core.errors import Unavailable
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 from aenv.runtime.base import ENVD_PORT
 
 #: Poll interval while waiting for a fresh envd to listen: starts small (a boot is ~100s of ms

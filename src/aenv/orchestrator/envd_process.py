@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from aenv.core.errors import DeadlineExceeded, Unavailable
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 from aenv.runtime.base import ENVD_PORT
 
 #: An envelope larger than this is a broken or hostile envd (output comes in small chunks).

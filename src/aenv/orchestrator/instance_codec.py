@@ -6,7 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 from aenv.runtime.base import Instance
 
 

@@ -34,8 +34,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aenv.core.net import NetSlot
 from aenv.core.states import SandboxState
-from aenv.network.base import NetSlot
 from aenv.orchestrator.instance_codec import decode
 from aenv.runtime.base import ENVD_PORT
 from aenv.store.models import SandboxRecord

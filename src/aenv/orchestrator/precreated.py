@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.core.ids import new_sandbox_id
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.ops.boot import precreate_sandbox, release

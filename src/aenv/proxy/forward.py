@@ -8,7 +8,7 @@ streams); responses are relayed chunk by chunk without decoding (gzip stays gzip
 If the guest closes or resets the connection before it answers (a server that died, or closed
 in the middle of an upload), the client gets E2B's 502 body; if it breaks after the response
 started — typically because the sandbox was killed — the client connection is cut
-(``api.protocol.abort``), never ended as if whole, which the SDKs turn into "the sandbox was
+(``edge.protocol.abort``), never ended as if whole, which the SDKs turn into "the sandbox was
 killed or reached its end of life". Neither is a 500 or a traceback in the node's log.
 """
 
@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator
 
 from starlette.types import Receive, Scope, Send
 
-from aenv.api.protocol import abort
 from aenv.core.errors import Unavailable
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
+from aenv.edge.protocol import abort
 from aenv.orchestrator.deps import GuestConnector
 from aenv.proxy.errors import port_not_open, upstream_broken
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 
 #: envd's port inside every sandbox.
 ENVD_PORT = 49983

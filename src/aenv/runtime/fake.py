@@ -47,7 +47,7 @@ from aenv.core.errors import (
     RuntimeFailure,
 )
 from aenv.core.ids import is_sandbox_id
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 from aenv.runtime.base import (
     IMAGE_FILES,
     Exit,

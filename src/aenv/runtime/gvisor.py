@@ -43,7 +43,7 @@ from aenv.core.errors import (
     NotFound,
     RuntimeFailure,
 )
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 from aenv.runtime import cgroups, exits, gvisor_pause, gvisor_teardown, oci, urpc
 from aenv.runtime.base import (
     IMAGE_FILES,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from aenv.core.errors import InvalidArgument
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 from aenv.runtime.base import ENVD_MOUNT, ENVD_PORT, SandboxSpec
 
 #: Where the bundle's sudo stand-in is mounted in every sandbox.

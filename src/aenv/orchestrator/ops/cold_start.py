@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from aenv.core.errors import FailedPrecondition
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 from aenv.orchestrator.build_image import default_user
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from aenv.core.errors import ResourceExhausted
 from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
+from aenv.core.net import EgressPolicy, NetSlot
 from aenv.core.states import SandboxState
-from aenv.network.base import EgressPolicy, NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.egress import policy_from

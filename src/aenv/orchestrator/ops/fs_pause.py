@@ -24,8 +24,8 @@ from __future__ import annotations
 import logging
 import time
 
+from aenv.core.net import NetSlot
 from aenv.core.states import SandboxState
-from aenv.network.base import NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_from
 from aenv.orchestrator.envd_client import EnvdClient

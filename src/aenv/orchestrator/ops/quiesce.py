@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from aenv.network.base import NetSlot
+from aenv.core.net import NetSlot
 from aenv.orchestrator.context import Node
 
 #: Time for the guest's netstack and envd to process the host's FINs (a few ms measured).

@@ -32,8 +32,8 @@ from aenv.core.errors import (
     NotFound,
     Unavailable,
 )
+from aenv.core.net import EgressPolicy, NetSlot
 from aenv.core.states import SandboxState
-from aenv.network.base import EgressPolicy, NetSlot
 from aenv.orchestrator import paused_repo
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_from

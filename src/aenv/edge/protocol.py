@@ -41,7 +41,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from aenv.core.settings import Settings
 
-log = logging.getLogger("aenv.api.protocol")
+log = logging.getLogger("aenv.edge.protocol")
 
 #: The scope extension of :func:`abort`.
 ABORT = "aenv.abort"

@@ -4,7 +4,7 @@ a request body that stops arriving, and the size of a create's metadata and env 
 A body over its limit is refused from its ``Content-Length`` before a byte of it is read, and
 a chunked one as soon as it passes the limit; either way the answer (413, E2B's body) closes
 the connection, so the rest is never read. What each limit is and why: docs/limits.md. Head
-size, header-read timeouts and slow connections are below ASGI, in ``api/protocol.py``.
+size, header-read timeouts and slow connections are below ASGI, in ``edge/protocol.py``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive, Scope, Send
 
-from aenv.api.errors import error_body
-from aenv.api.protocol import abort
 from aenv.core.errors import InvalidArgument
 from aenv.core.settings import Settings
+from aenv.edge.errors import error_body
+from aenv.edge.protocol import abort
 
 #: ``PUT`` of a build-file upload: streamed to disk by its route, within ``max_upload_bytes``.
 _UPLOAD = re.compile(r"^/templates/[^/]+/files/[^/]+/upload$")
