@@ -57,7 +57,7 @@ from aenv.orchestrator.ttl import run_ttl_loop
 from aenv.orchestrator.warm import WarmPool
 from aenv.proxy.app import Proxy
 from aenv.runtime import reaper
-from aenv.runtime.gvisor import GvisorConfig, GvisorRuntime
+from aenv.runtime.registry import build_runtime
 from aenv.storage.artifacts import Artifacts
 from aenv.storage.blobs import BlobCache
 from aenv.storage.files import rmtree
@@ -239,12 +239,7 @@ async def running_node(settings: Settings) -> AsyncIterator[Node]:
     ))
     guests = GuestConnector()
     disk = settings.workspace == "disk"
-    runtime = GvisorRuntime(GvisorConfig(
-        state_dir=settings.home / "runtime",
-        # Disk workspaces: the root's writes go through the gofer to the host overlay (whose
-        # upper is the sandbox's disk image); /tmp stays in sandbox memory.
-        overlay2="none" if disk else "root:memory", tmp_in_memory=disk,
-        platform=settings.runsc_platform))
+    runtime = build_runtime(settings)
     catalog.host = await host_requirements(runtime)
     workspaces = await open_workspaces(settings) if disk else None
     if workspaces is not None:

@@ -37,7 +37,6 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
@@ -46,7 +45,7 @@ from aenv.orchestrator.instance_codec import decode, frozen, paused_image
 from aenv.orchestrator.ops.fs_pause import filesystem_only
 from aenv.orchestrator.ops.pause import image_dir, spill
 from aenv.orchestrator.ops.teardown import teardown
-from aenv.runtime.base import IMAGE_FILES, Instance, Observed
+from aenv.runtime.base import Instance, Observed
 from aenv.store.models import UNREADABLE, SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.recover")
@@ -154,14 +153,9 @@ def plan(records: list[SandboxRecord], observed: list[Observed],
     return result
 
 
-def _complete(path: Path) -> bool:
-    return all((path / name).is_file() and (path / name).stat().st_size > 0
-               for name in IMAGE_FILES[:2]) and (path / IMAGE_FILES[2]).is_file()
-
-
 def find_images(node: Node, records: list[SandboxRecord]) -> set[str]:
     """Sandboxes with a complete memory image on disk. A ``.partial`` image of a sandbox
-    whose checkpoint finished (runsc wrote every file and the sandbox exited) but whose
+    whose checkpoint finished (the runtime wrote every file and the sandbox exited) but whose
     rename did not happen is completed here."""
     found = set()
     for record in records:
@@ -170,9 +164,9 @@ def find_images(node: Node, records: list[SandboxRecord]) -> set[str]:
         try:
             final = paused_image(record.instance) or image_dir(node, record.sandbox_id)
             partial = final.with_name(final.name + ".partial")
-            if not final.exists() and partial.exists() and _complete(partial):
+            if not final.exists() and partial.exists() and node.runtime.image_complete(partial):
                 partial.rename(final)
-            if final.exists() and _complete(final):
+            if final.exists() and node.runtime.image_complete(final):
                 found.add(record.sandbox_id)
         except OSError as exc:
             log.warning("cannot read the memory image of %s: %s", record.sandbox_id, exc)
@@ -180,33 +174,19 @@ def find_images(node: Node, records: list[SandboxRecord]) -> set[str]:
 
 
 async def _finish_saves(node: Node, records: list[SandboxRecord]) -> bool:
-    """A spill cut short by a crash goes on without us: its ``runsc checkpoint`` process
-    outlives the server and the sentry keeps writing. Wait until no such process is left, so
+    """A spill cut short by a crash goes on without us: the runtime's checkpoint process
+    outlives the server and keeps writing. Wait until no such process is left, so
     an image is judged complete or not only once nothing writes it. True if any was waited
     for."""
     pausing = {r.sandbox_id for r in records if r.state == S.PAUSING}
     deadline = time.monotonic() + SAVE_WAIT_S
     waited = False
     while pausing and time.monotonic() < deadline:
-        if not _checkpointing(pausing):
+        if not node.runtime.saving(pausing):
             break
         waited = True
         await asyncio.sleep(0.05)
     return waited
-
-
-def _checkpointing(sandbox_ids: set[str]) -> bool:
-    """Is a ``runsc … checkpoint … <id>`` process running for one of ``sandbox_ids``?"""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"checkpoint" in argv and any(sid.encode() in argv for sid in sandbox_ids):
-            return True
-    return False
 
 
 async def recover(node: Node) -> Plan:
@@ -271,7 +251,7 @@ async def give_up(node: Node, sandbox_id: str, observed: Observed | None, reason
             return
         record = await node.store.update(record, state=S.KILLING, last_error=reason)
         if unreadable(record) is not None:
-            # What the record says cannot be trusted: release by id and by what runsc shows;
+            # What the record says cannot be trusted: release by id and by what the runtime shows;
             # the slot, unadopted, goes with the pool's sweep.
             record = await node.store.update(record, instance=None)
         stuck: Exception | None = None

@@ -188,6 +188,22 @@ class Runtime(Protocol):
         it can take at most), or None when the driver cannot tell."""
         ...
 
+    async def image_requirements(self) -> dict[str, str]:
+        """What a memory image this driver saves needs of the host that restores it (its
+        build, platform, medium …), beyond the CPU's features: recorded in every manifest with
+        an image and compared key by key, exactly, before a restore on another node."""
+        ...
+
+    def image_complete(self, path: Path) -> bool:
+        """Does ``path`` hold every file of a finished checkpoint (recovery's test of an image
+        a crash may have cut short)?"""
+        ...
+
+    def saving(self, sandbox_ids: set[str]) -> bool:
+        """Is a checkpoint started before this process (a server killed mid-save) still
+        writing the image of one of ``sandbox_ids``? Recovery waits for it to end."""
+        ...
+
     async def wait_exit(self, instance: Instance) -> Exit:
         """Wait until the sandbox's runtime has exited, for whatever reason (a checkpoint
         without ``leave_running`` and ``destroy`` too: the caller tells those apart), and say

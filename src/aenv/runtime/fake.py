@@ -232,6 +232,15 @@ class FakeRuntime:
             for rid, s in self._sandboxes.items()
         ]
 
+    async def image_requirements(self) -> dict[str, str]:
+        return {"image_format": IMAGE_FORMAT}
+
+    def image_complete(self, path: Path) -> bool:
+        return all((path / name).is_file() for name in IMAGE_FILES)
+
+    def saving(self, sandbox_ids: set[str]) -> bool:
+        return False  # a fake checkpoint is over when its call returns
+
     async def stats(self, instance: Instance) -> Stats:
         sandbox = self._sandboxes.get(instance.runtime_id)
         if sandbox is None or sandbox.status == "stopped":

@@ -30,10 +30,8 @@ import contextlib
 import logging
 import os
 import shutil
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from aenv.core import ids
 from aenv.core.errors import (
@@ -44,7 +42,7 @@ from aenv.core.errors import (
     RuntimeFailure,
 )
 from aenv.core.net import NetSlot
-from aenv.runtime import cgroups, exits, gvisor_pause, gvisor_teardown, oci, urpc
+from aenv.runtime import cgroups, exits, gvisor_images, gvisor_pause, gvisor_teardown, oci, urpc
 from aenv.runtime.base import (
     IMAGE_FILES,
     Exit,
@@ -54,6 +52,7 @@ from aenv.runtime.base import (
     SandboxSpec,
     Stats,
 )
+from aenv.runtime.gvisor_stats import StatsSampler
 from aenv.runtime.runsc import RUNSC, Runsc, RunscConfig, map_runsc_errors
 
 log = logging.getLogger("aenv.runtime.gvisor")
@@ -122,10 +121,7 @@ class GvisorRuntime:
                 extra_flags=config.extra_runsc_flags,
             )
         )
-        #: runtime id → (monotonic seconds, cpu ns) of the previous stats() sample.
-        self._cpu_samples: dict[str, tuple[float, int]] = {}
-        #: runtime id → (cpu_count, memory bytes, rootfs), read once from config.json.
-        self._shapes: dict[str, tuple[int, int, Path]] = {}
+        self._stats = StatsSampler(self.runsc, self.bundle_dir)
 
     # ---------------------------------------------------------------- paths
 
@@ -330,42 +326,19 @@ class GvisorRuntime:
         return homes
 
     async def stats(self, instance: Instance) -> Stats:
-        """CPU, memory and disk of a running sandbox.
+        """CPU, memory and disk of a running sandbox (``gvisor_stats.py``).
+        Prerequisites: the sandbox runs. On failure: ``NotFound`` (gone), ``RuntimeFailure``."""
+        return await self._stats.sample(instance)
 
-        CPU and memory are the sentry's own accounting (``runsc events --stats``): memory is
-        what the guest uses, page cache included. ``cpu_used_pct`` is the share of the
-        sandbox's CPUs used since the previous call (since boot on the first). Disk is the
-        filesystem holding the rootfs (its upper layer, for an overlay).
-        Prerequisites: the sandbox runs. On failure: ``NotFound`` (gone), ``RuntimeFailure``.
-        """
-        cid = instance.runtime_id
-        with map_runsc_errors(instance.sandbox_id, "events"):
-            data = await self.runsc.events_stats(cid)
-        now = time.monotonic()
-        cpu_ns = _int_at(data, "cpu", "usage", "total")
-        mem_used = _int_at(data, "memory", "usage", "usage")
-        cpu_count, mem_total, rootfs = self._shape(instance)
-        previous = self._cpu_samples.get(cid)
-        if previous is None:
-            previous = (now - _age_s(instance.pid), 0)
-        self._cpu_samples[cid] = (now, cpu_ns)
-        wall = now - previous[0]
-        pct = 100.0 * (cpu_ns - previous[1]) / 1e9 / wall / cpu_count if wall > 0.01 else 0.0
-        try:
-            fs = os.statvfs(rootfs)
-            disk_total = fs.f_blocks * fs.f_frsize
-            disk_used = (fs.f_blocks - fs.f_bfree) * fs.f_frsize
-        except OSError:
-            disk_total = disk_used = 0
-        return Stats(
-            cpu_count=cpu_count,
-            cpu_used_pct=round(min(max(pct, 0.0), 100.0), 2),
-            mem_used=mem_used,
-            mem_total=mem_total,
-            mem_cache=0,  # the guest's page cache is inside the sentry's memory, not visible
-            disk_used=disk_used,
-            disk_total=disk_total,
-        )
+    async def image_requirements(self) -> dict[str, str]:
+        return await gvisor_images.requirements(self.config.runsc, self.config.platform,
+                                                self.config.overlay2)
+
+    def image_complete(self, path: Path) -> bool:
+        return gvisor_images.complete(path)
+
+    def saving(self, sandbox_ids: set[str]) -> bool:
+        return gvisor_images.checkpoint_running(sandbox_ids)
 
     async def wait_exit(self, instance: Instance) -> Exit:
         """Wait until the sandbox's runsc sandbox process (the sentry) exits; say why.
@@ -494,8 +467,7 @@ class GvisorRuntime:
         # about, with the processes it started in them.
         await gvisor_teardown.kill_left(self._cgroup(runtime_id), runtime_id)
         cgroups.remove(self._cgroup(runtime_id))
-        self._cpu_samples.pop(runtime_id, None)
-        self._shapes.pop(runtime_id, None)
+        self._stats.forget(runtime_id)
         sandbox_dir = self.sandbox_dir(sid)
         self._pause_marker(sid).unlink(missing_ok=True)
         # Only what the driver made: the rootfs (storage's) may live in the same directory.
@@ -515,42 +487,9 @@ class GvisorRuntime:
     def _cgroup(self, sandbox_id: str) -> str:
         return f"{self.config.cgroup_parent.strip('/')}/{sandbox_id}"
 
-    def _shape(self, instance: Instance) -> tuple[int, int, Path]:
-        cid = instance.runtime_id
-        shape = self._shapes.get(cid)
-        if shape is None:
-            try:
-                config = oci.read_config(self.bundle_dir(instance.sandbox_id))
-            except (OSError, ValueError) as exc:
-                raise NotFound(f"sandbox {instance.sandbox_id} has no bundle here") from exc
-            resources = config["linux"]["resources"]
-            cpus = max(1, int(resources["cpu"]["quota"]) // int(resources["cpu"]["period"]))
-            shape = (cpus, int(resources["memory"]["limit"]), Path(config["root"]["path"]))
-            self._shapes[cid] = shape
-        return shape
-
 
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-
-
-def _int_at(data: dict[str, Any], *keys: str) -> int:
-    node: Any = data
-    for key in keys:
-        node = node.get(key) if isinstance(node, dict) else None
-    return int(node) if isinstance(node, int | float) else 0
-
-
-def _age_s(pid: int | None) -> float:
-    """Seconds since process ``pid`` started (0 if unknown): the first CPU sample's baseline."""
-    if pid is None:
-        return 0.0
-    try:
-        start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
