@@ -60,7 +60,8 @@ def detail(record: SandboxRecord, settings: Settings,
         allowInternetAccess=record.allow_internet_access,
         network=record.network,
         lifecycle=Lifecycle(
-            onTimeout="pause" if record.auto_pause else "kill", autoResume=record.auto_resume
+            onTimeout="pause" if record.auto_pause else "kill", autoResume=record.auto_resume,
+            autoPauseMemory=record.auto_pause_memory,
         ),
         **_paused_fields(record),
         **unresponsive_fields(unresponsive),

@@ -96,6 +96,8 @@ async def _create(node: Node, body: NewSandbox) -> SandboxOut:
         auto_resume=bool(body.auto_resume and body.auto_resume.enabled),
         allow_internet_access=body.allow_internet_access,
         network=body.network,
+        fork_of=(body.fork_of.template_id, body.fork_of.alias) if body.fork_of else None,
+        fresh_boot_id=body.fork_of is None,
     )
     record = await create_op.create(node, params)
     return sandbox_out(record, node.settings)

@@ -16,6 +16,16 @@ class AutoResume(_In):
     enabled: bool = False
 
 
+class ForkOf(_In):
+    """aenv's own (the SDKs never send it): the create restores a fork child on another node
+    than its parent's, from a snapshot of the parent (``cluster/fork_spread.py``). Like a
+    child forked on the parent's node, it continues the parent's boot (its boot id) and is
+    of the parent's template."""
+
+    template_id: str = Field(alias="templateID", min_length=1, max_length=255)
+    alias: str | None = Field(default=None, max_length=255)
+
+
 class NewSandbox(_In):
     """``POST /v2/sandboxes`` (and v1 ``POST /sandboxes``, which adds ``secure``)."""
 
@@ -31,6 +41,7 @@ class NewSandbox(_In):
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     secure: bool | None = None
+    fork_of: ForkOf | None = Field(default=None, alias="forkOf")
 
 
 class NetworkUpdate(_In):
@@ -94,6 +105,8 @@ class SandboxOut(BaseModel):
 class Lifecycle(BaseModel):
     onTimeout: str
     autoResume: bool
+    #: aenv's own: what a pause at the end of the lifetime keeps (false: the files only).
+    autoPauseMemory: bool | None = None
 
 
 class ListedSandbox(BaseModel):

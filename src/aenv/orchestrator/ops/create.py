@@ -55,6 +55,10 @@ class CreateParams:
     #: A new boot as the user sees it: its own /proc/sys/kernel/random/boot_id. False for a
     #: fork child, which continues its parent's boot.
     fresh_boot_id: bool = True
+    #: A fork child restored on another node from a snapshot of its parent (the cluster's
+    #: fork spread): the parent's template id and alias, which it is of, as a child forked on
+    #: the parent's node is (``fork.py``). None: of the template it is made from.
+    fork_of: tuple[str, str | None] | None = None
 
 
 async def create(node: Node, params: CreateParams) -> SandboxRecord:
@@ -112,10 +116,11 @@ async def _create(node: Node, template: Template, params: CreateParams, policy: 
                   warm: Booted | None, pre: Precreated | None, detach: bool) -> SandboxRecord:
     now = node.clock()
     claimed = warm or pre
+    template_id, alias = params.fork_of or (template.template_id, template.alias)
     record = SandboxRecord(
         sandbox_id=claimed.sandbox_id if claimed else new_sandbox_id(),
-        template_id=template.template_id,
-        alias=template.alias,
+        template_id=template_id,
+        alias=alias,
         state=SandboxState.CREATING,
         version=1,
         created_at=now,
