@@ -7,12 +7,14 @@ may run. The gateway also needs a scheduler's URL and the cluster's API key (the
 
 from __future__ import annotations
 
-import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from aenv.cli.common import examples, fail
+
+if TYPE_CHECKING:
+    from aenv.cluster.settings import RoleSettings
 
 DEFAULT_SCHEDULER = "127.0.0.1:9090"
 DEFAULT_GATEWAY = "127.0.0.1:8080"
@@ -20,12 +22,32 @@ DEFAULT_GATEWAY = "127.0.0.1:8080"
 Cluster = Annotated[str | None, typer.Option(
     "--cluster", help="the cluster's Redis URL (default AENV_CLUSTER)")]
 
+R = TypeVar("R", bound="RoleSettings")
+
+
+def _settings(cls: type[R], **options: Any) -> tuple[R, str]:
+    """The role's settings (the options given on the command line win) and the cluster's
+    Redis URL; an invalid or missing setting is one ``error:`` line."""
+    from pydantic import ValidationError
+
+    from aenv.cluster.settings import describe
+
+    # An empty option is not given: a unit file's ``--scheduler ${AENV_SCHEDULER}`` with the
+    # variable unset passes "".
+    given = {k: v for k, v in options.items() if v is not None and v != ""}
+    try:
+        settings = cls(**given)
+    except ValidationError as exc:
+        fail(describe(exc, given))
+    if not settings.cluster:
+        fail("no cluster: pass --cluster redis://HOST:6379/0 or set AENV_CLUSTER")
+    return settings, settings.cluster
+
 
 def redis_url(cluster: str | None) -> str:
-    url = cluster or os.environ.get("AENV_CLUSTER")
-    if not url:
-        fail("no cluster: pass --cluster redis://HOST:6379/0 or set AENV_CLUSTER")
-    return url
+    from aenv.cluster.settings import RoleSettings
+
+    return _settings(RoleSettings, cluster=cluster)[1]
 
 
 def _serve(app: object, listen: str, **options: object) -> None:
@@ -53,39 +75,36 @@ def scheduler(
         min=0, help="sandboxes (running, paused or starting) one API key may hold in the "
                     "whole cluster (default AENV_KEY_QUOTA, else 0: no quota)")] = None,
 ) -> None:
-    """Serve the scheduler: where each new, resumed or forked sandbox goes."""
+    """Serve the scheduler: where each new, resumed or forked sandbox goes. Configuration:
+    options, AENV_* variables or the TOML file named by AENV_CONFIG (docs/deployment.md)."""
     from aenv.cluster.redis_client import connect
     from aenv.cluster.scheduler import create_app
+    from aenv.cluster.settings import SchedulerSettings
 
-    if key_quota is None:
-        raw = os.environ.get("AENV_KEY_QUOTA", "0")
-        if not raw.isdigit():
-            fail(f"AENV_KEY_QUOTA={raw!r}: expected a whole number")
-        key_quota = int(raw)
-    _serve(create_app(connect(redis_url(cluster)), key_quota=key_quota), listen)
+    settings, url = _settings(SchedulerSettings, cluster=cluster, key_quota=key_quota)
+    _serve(create_app(connect(url), key_quota=settings.key_quota), listen)
 
 
 def gateway(
     cluster: Cluster = None,
-    scheduler: Annotated[str, typer.Option(
-        help="a scheduler's URL (default AENV_SCHEDULER, else http://127.0.0.1:9090)")] = "",
+    scheduler: Annotated[str | None, typer.Option(
+        help="a scheduler's URL (default AENV_SCHEDULER, else http://127.0.0.1:9090)")] = None,
     listen: Annotated[str, typer.Option(help="HOST:PORT to serve on")] = DEFAULT_GATEWAY,
     api_key: Annotated[str | None, typer.Option(
         help="the cluster's API key (default AENV_API_KEY; unset: not checked here, "
              "the nodes still check it)")] = None,
 ) -> None:
-    """Serve the gateway: the E2B API and sandbox traffic of the whole cluster."""
+    """Serve the gateway: the E2B API and sandbox traffic of the whole cluster. Configuration:
+    options, AENV_* variables or the TOML file named by AENV_CONFIG (docs/deployment.md)."""
     from aenv.cluster.gateway import create_app
     from aenv.cluster.redis_client import connect
-    from aenv.core.settings import Settings
-    from aenv.edge.limits import BodyLimits
-    from aenv.edge.protocol import ConnectionLimits, protocol_class
+    from aenv.cluster.settings import GatewaySettings
+    from aenv.edge.protocol import protocol_class
 
-    scheduler_url = scheduler or os.environ.get("AENV_SCHEDULER") or f"http://{DEFAULT_SCHEDULER}"
-    key = api_key or os.environ.get("AENV_API_KEY")
+    settings, url = _settings(GatewaySettings, cluster=cluster, scheduler=scheduler,
+                              api_key=api_key)
     # The nodes' limits (AENV_MAX_BODY_BYTES, ...: docs/limits.md) hold at the gateway too.
-    settings = Settings()
-    _serve(create_app(connect(redis_url(cluster)), scheduler_url, key,
-                      limits=BodyLimits.of(settings)), listen,
-           http=protocol_class(ConnectionLimits.of(settings)),
+    _serve(create_app(connect(url), settings.scheduler, settings.api_key,
+                      limits=settings.body_limits()), listen,
+           http=protocol_class(settings.connection_limits()),
            timeout_keep_alive=settings.idle_timeout_s)
