@@ -62,6 +62,7 @@ from aenv.cluster.cache import Binding, ClusterCache
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
 from aenv.cluster.scheduler_client import SchedulerClient
+from aenv.edge.errors import error_body
 from aenv.edge.limits import BodyLimits, guard, is_upload
 from aenv.proxy import errors as proxy_errors
 from aenv.proxy.routing import Target, route
@@ -74,11 +75,6 @@ _LIST_PATHS = frozenset({"/sandboxes", "/v2/sandboxes"})
 _FORK = re.compile(r"^/sandboxes/([a-z0-9]+)/fork$")
 _RESUME = re.compile(r"^/(?:v\d+/)?sandboxes/[a-z0-9]+/(?:connect|resume)$")
 log = logging.getLogger("aenv.cluster.gateway")
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status,
-                        headers=headers)
 
 
 class Gateway:
@@ -101,20 +97,20 @@ class Gateway:
         try:
             return await self._handle(request)
         except RedisError as exc:
-            return _error(503, f"the cluster's state store cannot be reached: {exc}",
-                          {"Retry-After": "1"})
+            return error_body(503, f"the cluster's state store cannot be reached: {exc}",
+                              {"Retry-After": "1"})
 
     async def _handle(self, request: Request) -> Response:
         target = route(request.scope)
         if isinstance(target, str):
-            return _error(400, target)
+            return error_body(400, target)
         if isinstance(target, Target):
             return await self._to_sandbox(request, target.sandbox_id, proxied=True)
         path = request.url.path
         if path == "/health":
             return JSONResponse({"status": "ok"})
         if not self._authorized(request):
-            return _error(401, "missing or invalid X-API-KEY")
+            return error_body(401, "missing or invalid X-API-KEY")
         if path in _LIST_PATHS and request.method == "POST":
             return await self._create(request)
         if path in _LIST_PATHS and request.method == "GET":
@@ -160,7 +156,7 @@ class Gateway:
         if bound is None:
             if proxied:
                 return proxy_errors.sandbox_not_found(sandbox_id)
-            return _error(404, f"sandbox {sandbox_id} not found")
+            return error_body(404, f"sandbox {sandbox_id} not found")
         resume = request.method == "POST" and _RESUME.match(request.url.path) is not None
         body = await request.body() if resume else None
         answer = await self._to_bound(request, sandbox_id, bound, body)
@@ -184,11 +180,11 @@ class Gateway:
         if node is None or health is Health.LOST or (resume and health is Health.DRAINING):
             if resume:
                 return await self._resume_elsewhere(request, sandbox_id, bound)
-            return _error(503, f"sandbox {sandbox_id} was on node {bound[0]}, which is lost")
+            return error_body(503, f"sandbox {sandbox_id} was on node {bound[0]}, which is lost")
         if health is Health.SUSPECT:
             # A hung node accepts connections and answers nothing: no call may wait on it.
-            return _error(503, f"sandbox {sandbox_id} is on node {node.node_id}, which has not "
-                               "sent a heartbeat for a while; try again", {"Retry-After": "2"})
+            return error_body(503, f"sandbox {sandbox_id} is on node {node.node_id}, which has not "
+                                   "sent a heartbeat for a while; try again", {"Retry-After": "2"})
         try:
             return await forward.send(self.http, request, node.address, body=body)
         except httpx.ConnectError:
@@ -196,11 +192,11 @@ class Gateway:
             # shared repository can resume on another node.
             if resume:
                 return await self._resume_elsewhere(request, sandbox_id, bound, body)
-            return _error(503, f"sandbox {sandbox_id} is on node {node.node_id}, which does "
-                               "not accept connections")
+            return error_body(503, f"sandbox {sandbox_id} is on node {node.node_id}, which does "
+                                   "not accept connections")
         except httpx.TransportError as exc:
-            return _error(503, f"sandbox {sandbox_id} is on node {node.node_id}, which cannot "
-                               f"be reached: {type(exc).__name__}")
+            return error_body(503, f"sandbox {sandbox_id} is on node {node.node_id}, which cannot "
+                                   f"be reached: {type(exc).__name__}")
 
     async def _fork(self, request: Request, parent_id: str) -> Response:
         """The parent's node forks what fits; the rest go to other nodes (``fork_spread``)."""
@@ -215,8 +211,8 @@ class Gateway:
             sent = await self.http.post(node.address + request.url.path, content=body,
                                         headers=headers)
         except httpx.TransportError as exc:
-            return _error(503, f"sandbox {parent_id} is on node {node.node_id}, which cannot "
-                               f"be reached: {type(exc).__name__}")
+            return error_body(503, f"sandbox {parent_id} is on node {node.node_id}, which cannot "
+                                   f"be reached: {type(exc).__name__}")
         if sent.status_code != 201:
             return Response(sent.content, status_code=sent.status_code,
                             media_type="application/json")
@@ -263,8 +259,8 @@ class Gateway:
                 content=body, headers=forward.request_headers(request))
         except httpx.TransportError as exc:
             await self.scheduler.settle(placement["reservationID"], commit=False)
-            return _error(503, f"sandbox {sandbox_id}'s node is gone and node "
-                               f"{placement['nodeID']} cannot be reached: {type(exc).__name__}")
+            return error_body(503, f"sandbox {sandbox_id}'s node is gone and node "
+                                   f"{placement['nodeID']} cannot be reached: {type(exc).__name__}")
         ok = sent.status_code in (200, 201)
         await self.scheduler.settle(placement["reservationID"], commit=ok)
         if ok and not await self._bind(sandbox_id, placement["nodeID"], bound[1] + 1):
@@ -281,14 +277,14 @@ class Gateway:
             try:
                 return await forward.forward(self.http, request, ready[0].address)
             except httpx.TransportError:
-                return _error(503, f"node {ready[0].node_id} cannot be reached")
+                return error_body(503, f"node {ready[0].node_id} cannot be reached")
         body = await request.body()
         for node in ready:
             try:
                 return await forward.forward(self.http, request, node.address, body=body)
             except httpx.TransportError:
                 continue
-        return _error(503, "no node of the cluster is reachable")
+        return error_body(503, "no node of the cluster is reachable")
 
     # -- create -----------------------------------------------------------------------------
 
@@ -332,7 +328,7 @@ class Gateway:
                 return answer
             exclude.append(placement["nodeID"])
         if answer is None:
-            return _error(503, "no node of the cluster could be reached for the create")
+            return error_body(503, "no node of the cluster could be reached for the create")
         return answer
 
     # -- list -------------------------------------------------------------------------------
@@ -412,7 +408,7 @@ def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
     async def http_error(_: Request, exc: Exception) -> Response:
         # A body cut off at its limit (edge/limits.py) ends here: E2B's body, not plain text.
         assert isinstance(exc, HTTPException)
-        return _error(exc.status_code, str(exc.detail))
+        return error_body(exc.status_code, str(exc.detail))
 
     app = Starlette(routes=[Route("/{path:path}", gateway.handle, methods=methods)],
                     lifespan=lifespan, exception_handlers={HTTPException: http_error})

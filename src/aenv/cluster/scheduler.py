@@ -76,7 +76,7 @@ class PlacementRequest(BaseModel):
 def _refusal(status: int, error: str, message: str, retry_after_s: int | None = None
              ) -> JSONResponse:
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return JSONResponse({"code": status, "error": error, "message": message},
+    return JSONResponse(errors.error_content(status, message, error=error),
                         status_code=status, headers=headers)
 
 

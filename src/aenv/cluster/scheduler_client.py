@@ -8,6 +8,8 @@ from typing import Any
 import httpx
 from starlette.responses import Response
 
+from aenv.edge.errors import error_body
+
 #: Headers of a scheduler's refusal that the gateway's caller must see (429's Retry-After).
 _PASSED = ("content-type", "retry-after")
 
@@ -19,8 +21,14 @@ class SchedulerClient:
 
     async def place(self, **want: Any) -> list[dict[str, Any]] | Response:
         """The placements for ``want`` (``PlacementRequest``'s fields by their JSON names),
-        or the scheduler's refusal (429 cluster_full, 503 no_nodes) as the answer to give."""
-        placed = await self.http.post(f"{self.url}/v1/placements", json=want)
+        or the scheduler's refusal (429 cluster_full, 503 no_nodes; 503 when it cannot be
+        reached) as the answer to give."""
+        try:
+            placed = await self.http.post(f"{self.url}/v1/placements", json=want)
+        except httpx.TransportError as exc:
+            # Not the gateway's 500: the caller may try again (another replica may answer).
+            return error_body(503, f"the scheduler at {self.url} cannot be reached: "
+                                   f"{type(exc).__name__}", {"Retry-After": "1"})
         if placed.status_code != 201:
             return Response(placed.content, status_code=placed.status_code,
                             headers={k: v for k, v in placed.headers.items()

@@ -23,6 +23,13 @@ def error_body(status: int, message: str, headers: dict[str, str] | None = None)
                         headers=headers)
 
 
+def error_content(status: int, message: str, **extra: object) -> dict[str, object]:
+    """The body itself, for an error that is not a whole answer (one child's entry in a
+    fork's answer) or that carries fields of its own besides the two (the scheduler's
+    machine-readable ``error``)."""
+    return {"code": status, "message": message, **extra}
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
