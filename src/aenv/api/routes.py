@@ -3,6 +3,7 @@ generated SDK clients parse a body only for the documented success code."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -34,10 +35,10 @@ from aenv.api.schemas import (
     TimeoutBody,
 )
 from aenv.api.snapshots import snapshot_info, snapshot_page
-from aenv.api.templates import delete_built_template
 from aenv.core.errors import Conflict, InvalidArgument, NotFound
 from aenv.core.ids import is_sandbox_id
 from aenv.core.states import SandboxState
+from aenv.core.timeouts import check_timeout, timeout_or_default
 from aenv.edge.limits import check_sandbox_inputs
 from aenv.orchestrator import gc, idle
 from aenv.orchestrator.context import Node
@@ -50,6 +51,7 @@ from aenv.orchestrator.ops import network as network_op
 from aenv.orchestrator.ops import pause as pause_op
 from aenv.orchestrator.ops import resume as resume_op
 from aenv.orchestrator.ops import snapshot as snapshot_op
+from aenv.orchestrator.ops import template_catalog as catalog_op
 
 
 def _touch(request: Request) -> None:
@@ -78,11 +80,7 @@ async def health() -> PlainTextResponse:
 
 
 async def _create(node: Node, body: NewSandbox) -> SandboxOut:
-    timeout = node.settings.default_timeout_s if body.timeout is None else body.timeout
-    if timeout > node.settings.max_timeout_s:
-        raise InvalidArgument(
-            f"timeout {timeout}s exceeds the maximum of {node.settings.max_timeout_s}s"
-        )
+    timeout = timeout_or_default(node.settings, body.timeout)
     idle.check_metadata(body.metadata)
     check_sandbox_inputs(node.settings, body.metadata, body.env_vars)
     params = create_op.CreateParams(
@@ -200,10 +198,8 @@ async def refresh(sandbox_id: str, node: NodeDep, body: RefreshBody | None = Non
 
 
 async def _connect(node: Node, sandbox_id: str, timeout: int | None) -> JSONResponse:
-    if timeout is not None and timeout > node.settings.max_timeout_s:
-        raise InvalidArgument(
-            f"timeout {timeout}s exceeds the maximum of {node.settings.max_timeout_s}s"
-        )
+    if timeout is not None:
+        check_timeout(node.settings, timeout)
     record, resumed = await resume_op.resume(node, _checked_id(sandbox_id), timeout)
     body = sandbox_out(record, node.settings).model_dump()
     return JSONResponse(body, status_code=201 if resumed else 200)
@@ -250,7 +246,7 @@ async def create_snapshot(
     snapshot = await snapshot_op.create_snapshot(
         node, _checked_id(sandbox_id), body.name if body else None
     )
-    return snapshot_info(snapshot)
+    return snapshot_info(snapshot.manifest)
 
 
 @router.get("/snapshots", response_model=list[SnapshotInfo])
@@ -264,7 +260,8 @@ async def list_snapshots(
 ) -> list[SnapshotInfo]:
     await node.repository.refresh()
     found = node.repository.list(sandbox_id=sandboxID or None, name=name or None)
-    page, cursor = snapshot_page(found, limit=listing.parse_limit(limit), token=nextToken)
+    page, cursor = snapshot_page([s.manifest for s in found], limit=listing.parse_limit(limit),
+                                 token=nextToken)
     if cursor:
         response.headers["X-Next-Token"] = cursor
     return [snapshot_info(s) for s in page]
@@ -280,12 +277,8 @@ async def repository_gc(node: NodeDep) -> GcOut:
 
 @router.delete("/templates/{template_id:path}", status_code=204)
 async def delete_template(template_id: str, node: NodeDep) -> Response:
-    if await delete_built_template(node, template_id):
-        return Response(status_code=204)
-    snapshot = await node.repository.lookup(template_id)
-    if snapshot is None or snapshot.manifest.kind != "snapshot":
-        raise NotFound(f"template '{template_id}' not found")
-    await node.repository.delete(snapshot.snapshot_id)
+    """A built template or a committed snapshot (``ops/template_catalog.py``)."""
+    await catalog_op.delete_template(node, template_id)
     return Response(status_code=204)
 
 
@@ -344,7 +337,7 @@ async def node_blob(digest: str, node: NodeDep) -> Response:
     """aenv's own, for peer fetch (``cluster/peer_fetch.py``): a repository blob from this
     node's cache; 404 if it has none (the asking node then goes to the repository)."""
     path = node.repository.cache.path(digest)  # InvalidArgument (400) for a bad digest
-    if not path.is_file():
+    if not await asyncio.to_thread(path.is_file):
         raise NotFound(f"blob {digest} is not cached on this node")
     return FileResponse(path, media_type="application/octet-stream")
 

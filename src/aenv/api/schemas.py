@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+#: A sandbox timeout on the wire, in seconds. Only the sign is checked here (a 400 naming the
+#: field); the node's maximum is ``core/timeouts.py``'s, the one check every caller shares.
+TimeoutSeconds = Annotated[int, Field(ge=0)]
 
 
 class _In(BaseModel):
@@ -30,7 +34,7 @@ class NewSandbox(_In):
     """``POST /v2/sandboxes`` (and v1 ``POST /sandboxes``, which adds ``secure``)."""
 
     template_id: str = Field(alias="templateID", min_length=1, max_length=255)
-    timeout: int | None = Field(default=None, ge=0)
+    timeout: TimeoutSeconds | None = None
     #: None: the node's ``auto_pause_default``.
     auto_pause: bool | None = Field(default=None, alias="autoPause")
     auto_pause_memory: bool | None = Field(default=None, alias="autoPauseMemory")
@@ -54,20 +58,20 @@ class NetworkUpdate(_In):
 
 
 class TimeoutBody(_In):
-    timeout: int = Field(ge=0)
+    timeout: TimeoutSeconds
 
 
 class ConnectBody(_In):
-    timeout: int | None = Field(default=None, ge=0)
+    timeout: TimeoutSeconds | None = None
     memory: bool | None = None
 
 
 class RefreshBody(_In):
-    duration: int | None = Field(default=None, ge=0)
+    duration: TimeoutSeconds | None = None
 
 
 class ResumeBody(_In):
-    timeout: int | None = Field(default=None, ge=0)
+    timeout: TimeoutSeconds | None = None
     auto_pause: bool | None = Field(default=None, alias="autoPause")
 
 
@@ -86,7 +90,7 @@ class SnapshotBody(_In):
 
 class ForkBody(_In):
     count: int = Field(default=1, ge=1)
-    timeout: int | None = Field(default=None, ge=0)
+    timeout: TimeoutSeconds | None = None
 
 
 class SandboxOut(BaseModel):

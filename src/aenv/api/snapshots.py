@@ -7,17 +7,16 @@ import binascii
 
 from aenv.api.schemas import SnapshotInfo
 from aenv.core.errors import InvalidArgument
-from aenv.storage.repository import Snapshot
+from aenv.storage.manifest import SnapshotManifest
 
 
-def snapshot_info(snapshot: Snapshot) -> SnapshotInfo:
-    m = snapshot.manifest
+def snapshot_info(m: SnapshotManifest) -> SnapshotInfo:
     # The SDK shows names; an unnamed snapshot is known by its id.
     return SnapshotInfo(snapshotID=m.snapshot_id, names=list(m.names) or [m.snapshot_id])
 
 
-def _encode(snapshot: Snapshot) -> str:
-    key = f"{snapshot.manifest.created_at!r}__{snapshot.snapshot_id}"
+def _encode(m: SnapshotManifest) -> str:
+    key = f"{m.created_at!r}__{m.snapshot_id}"
     return base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
 
 
@@ -31,14 +30,14 @@ def _decode(token: str) -> tuple[float, str]:
 
 
 def snapshot_page(
-    snapshots: list[Snapshot], *, limit: int, token: str | None
-) -> tuple[list[Snapshot], str | None]:
+    snapshots: list[SnapshotManifest], *, limit: int, token: str | None
+) -> tuple[list[SnapshotManifest], str | None]:
     """``snapshots`` newest first → one page after ``token`` and the next page's token."""
     if token:
         after = _decode(token)
         snapshots = [
             s for s in snapshots
-            if (s.manifest.created_at, s.snapshot_id) < after
+            if (s.created_at, s.snapshot_id) < after
         ]
     page = snapshots[:limit]
     more = len(snapshots) > limit

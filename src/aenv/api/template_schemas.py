@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from aenv.api.schemas import TimeoutSeconds
+
 
 class _In(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
@@ -146,7 +148,7 @@ class ColdSandbox(_In):
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     start_cmd: str | None = Field(default=None, alias="startCmd")
     metadata: dict[str, str] | None = None
-    timeout: int | None = Field(default=None, ge=0)
+    timeout: TimeoutSeconds | None = None
     auto_pause: bool | None = Field(default=None, alias="autoPause")
     allow_internet_access: bool | None = None
     network: dict[str, Any] | None = None

@@ -35,6 +35,7 @@ from aenv.core.errors import (
 )
 from aenv.core.ids import new_sandbox_id
 from aenv.core.states import SandboxState
+from aenv.core.timeouts import timeout_or_default
 from aenv.orchestrator import disk_mode
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
@@ -56,11 +57,7 @@ async def fork(node: Node, sandbox_id: str, count: int, timeout_s: int | None
                ) -> list[ForkResult]:
     if not 1 <= count <= node.settings.max_fork_count:
         raise InvalidArgument(f"count must be 1..{node.settings.max_fork_count}, not {count}")
-    timeout = node.settings.default_timeout_s if timeout_s is None else timeout_s
-    if timeout > node.settings.max_timeout_s:
-        raise InvalidArgument(
-            f"timeout {timeout}s exceeds the maximum of {node.settings.max_timeout_s}s"
-        )
+    timeout = timeout_or_default(node.settings, timeout_s)
     record = await node.store.get(sandbox_id)
     if record is None or record.state == SandboxState.KILLING:
         raise NotFound(f"sandbox {sandbox_id} not found")

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from aenv.core.errors import InvalidArgument, NotFound
+from aenv.core.errors import NotFound
 from aenv.core.states import SandboxState
+from aenv.core.timeouts import check_timeout
 from aenv.orchestrator.context import Node
 from aenv.store.models import SandboxRecord
-
-
-def _check(node: Node, seconds: int) -> None:
-    if seconds > node.settings.max_timeout_s:
-        raise InvalidArgument(
-            f"timeout {seconds}s exceeds the maximum of {node.settings.max_timeout_s}s"
-        )
 
 
 async def set_timeout(
@@ -23,7 +17,7 @@ async def set_timeout(
     Prerequisites: the sandbox exists. On success: the new end time is stored.
     On failure: ``NotFound`` (gone or being killed), ``InvalidArgument`` beyond the maximum.
     """
-    _check(node, seconds)
+    check_timeout(node.settings, seconds)
     record = await node.store.require(sandbox_id)
     if record.state == SandboxState.KILLING:
         raise NotFound(f"sandbox {sandbox_id} not found")
