@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv.api import templates
+from aenv.api import node_status, templates
 from aenv.api.routes import public, router
 from aenv.core.states import SandboxState
 from aenv.edge import errors
@@ -27,6 +27,7 @@ def build_api(node: Node, api_key: str) -> FastAPI:
     # Before the sandbox routes: ``DELETE /templates/tags`` must not read as a template id.
     api.include_router(templates.router)
     api.include_router(router)
+    api.include_router(node_status.router)
     return api
 
 

@@ -106,19 +106,16 @@ class Heartbeat:
         self.node_id = node_id_of(node)
         self.address = advertised(node)
         self._cpu = CpuMeter()
-        self._task: asyncio.Task[None] | None = None
 
     async def measure(self) -> tuple[NodeInfo, list[str]]:
         records = await self.node.store.list(HELD)
         running = sum(r.state in RUNNING for r in records)
         used, total = memory()
-        templates = ([t.template_id for t in await self.node.template_store.list_templates()]
-                     if self.node.template_store is not None else [])
+        templates = [t.template_id for t in await self.node.template_store.list_templates()]
         default = self.node.settings.default_template
-        warm = self.node.warm
         info = NodeInfo(
             node_id=self.node_id, address=self.address,
-            state="draining" if self.node.draining else "ready",
+            state="draining" if self.node.drain.on else "ready",
             limit=self.node.settings.max_sandboxes,
             starting_limit=self.node.settings.max_concurrent_starts
             + self.node.settings.max_queued_starts,
@@ -128,7 +125,7 @@ class Heartbeat:
             host_key=requirements_key(self.node.host_requirements)
             if self.node.host_requirements else "",
             templates=sorted({default, *templates}),
-            warm={default: warm.ready} if warm is not None else {},
+            warm={default: self.node.warm.ready},
         )
         return info, [r.sandbox_id for r in records]
 
@@ -155,10 +152,8 @@ class Heartbeat:
             await asyncio.sleep(self.node.settings.heartbeat_interval_s)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="cluster-heartbeat")
+        self.node.supervisor.spawn("cluster-heartbeat", self._run)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        """After the supervisor stopped the heartbeat."""
         await self.redis.aclose()

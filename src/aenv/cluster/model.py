@@ -53,7 +53,7 @@ class NodeInfo(BaseModel):
     memory_used: int = 0
     memory_total: int = 1
     host_key: str = Field("", description="restore_match.requirements_key of the node: "
-                                          "runtime, runsc build, platform, CPU flags")
+                                          "runtime, its build and platform, CPU flags")
     templates: list[str] = Field(default_factory=list, description="templates cached locally")
     snapshots: list[str] = Field(default_factory=list, description="snapshots cached locally")
     warm: dict[str, int] = Field(default_factory=dict, description="template → warm sandboxes")

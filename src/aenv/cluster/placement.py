@@ -2,8 +2,8 @@
 
 1. **Filter**: healthy and ready (``model.Health.READY``), free capacity by its last
    heartbeat, and, when the sandbox restores a memory image, the same host key
-   (``restore_match.requirements_key``: runtime, runsc build, platform, CPU flags) as the
-   node that made the image (gVisor restores only there).
+   (``restore_match.requirements_key``: runtime, its build and platform, CPU flags) as the
+   node that made the image (the image restores only there).
 2. **Sample** ``SAMPLE`` of them at random (the "power of d choices": each scheduler replica
    looks at a few nodes, not all, so replicas placing at once spread instead of all picking
    the one best node), plus every node with locality (below): those are worth looking at.

@@ -116,7 +116,7 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
     except BaseException:
         await asyncio.shield(discard(node, booted))
         raise
-    # The image is committed: tearing the sandbox down (~2 s here, mostly runsc's delete)
+    # The image is committed: tearing the sandbox down (~2 s here, mostly the runtime's teardown)
     # need not delay the build's answer. A crash meanwhile leaves an orphan recovery removes.
     task = asyncio.create_task(discard(node, booted), name=f"discard-{booted.sandbox_id}")
     _BACKGROUND.add(task)

@@ -1,7 +1,7 @@
-"""RUN steps: one command in a fresh gVisor build sandbox, whose writes become one layer.
+"""RUN steps: one command in a fresh build sandbox, whose writes become one layer.
 
 A Dockerfile is untrusted input, so a RUN never touches the host kernel: it runs as a process
-in a gVisor sandbox made like any other (its own network slot and cgroup, the template's CPU
+in a sandbox made like any other (its own network slot and cgroup, the template's CPU
 and memory), booted over the stage's layers with ``root_writes="host"``: the sandbox's root
 writes go through the gofer into the overlay's upper directory on the host, which after the
 command is exactly the step's diff in overlayfs format (whiteouts as 0:0 character devices,

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from aenv.core.errors import AenvError
+from aenv.core.errors import AenvError, FailedPrecondition
 from aenv.orchestrator.build_log import BuildLog
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops.build import BuildFailed, BuildSpec, execute
@@ -30,9 +30,11 @@ RESTARTED = "the node restarted during the build"
 
 
 class Builder:
-    def __init__(self, node: Node, store: TemplateStore, *, files_dir: Path,
-                 scratch_dir: Path) -> None:
-        self.node = node
+    """Owns the node's template builds (one task each). Builds start once :meth:`attach`
+    has handed it the node (builds run sandboxes, so they need it)."""
+
+    def __init__(self, store: TemplateStore, *, files_dir: Path, scratch_dir: Path) -> None:
+        self._node: Node | None = None
         self.store = store
         self.files_dir = files_dir
         self.scratch_dir = scratch_dir
@@ -40,6 +42,15 @@ class Builder:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         #: Tags asked for at ``POST /v3/templates``, applied when that build is started.
         self.requested_tags: dict[str, list[str]] = {}
+
+    @property
+    def node(self) -> Node:
+        if self._node is None:
+            raise FailedPrecondition("the template builder has not started")
+        return self._node
+
+    def attach(self, node: Node) -> None:
+        self._node = node
 
     async def recover(self) -> int:
         """Mark builds a crash interrupted as failed; returns how many."""

@@ -92,7 +92,7 @@ class TemplateCatalog:
         """A template that restores ``snapshot``, with what it needs fetched to this node.
 
         On failure: :class:`FailedPrecondition` if this node cannot restore its memory image
-        (another runsc build, platform or CPU); the repository's errors when fetching.
+        (another runtime build, platform or CPU); the repository's errors when fetching.
         """
         m = snapshot.manifest
         if m.memory:

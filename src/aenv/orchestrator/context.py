@@ -8,7 +8,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from aenv.core.settings import Settings
 from aenv.orchestrator.activity import Activity
@@ -17,11 +17,11 @@ from aenv.orchestrator.deps import (
     GuestConnector,
     RootfsManager,
     SlotPool,
-    Template,
     TemplateCatalog,
 )
 from aenv.orchestrator.liveness import Liveness
 from aenv.orchestrator.owners import Owners
+from aenv.orchestrator.supervisor import Supervisor
 from aenv.runtime.base import Runtime
 from aenv.storage.images import ImageStore
 from aenv.storage.layers import LayerStore
@@ -32,23 +32,9 @@ from aenv.store.templates import TemplateStore
 
 if TYPE_CHECKING:
     from aenv.orchestrator.builder import Builder
-    from aenv.orchestrator.ops.boot import Booted
     from aenv.orchestrator.precreated import PrecreatedPool
-
-
-class WarmSource(Protocol):
-    def take(self, template: Template) -> Booted | None: ...
-
-    @property
-    def ready(self) -> int:
-        """Sandboxes waiting to be taken now."""
-
-
-class SpillScheduler(Protocol):
-    def schedule(self, sandbox_id: str, *, delay: float | None = None) -> None:
-        """Write the frozen sandbox to disk after ``delay`` s (None: ``pause_hot_s``)."""
-
-    def cancel(self, sandbox_id: str) -> None: ...
+    from aenv.orchestrator.spill import Spiller
+    from aenv.orchestrator.warm import WarmPool
 
 
 class StreamRegistry:
@@ -88,7 +74,21 @@ class StreamRegistry:
 
 
 @dataclass
+class DrainFlag:
+    """Set by a drain (``ops/drain.py``): the node's heartbeats say ``draining``, so the
+    cluster places nothing more here. The one mutable part of the node's context."""
+
+    on: bool = False
+
+
+@dataclass(frozen=True)
 class Node:
+    """Everything an operation runs over, assembled once by the composition root
+    (``server.py``) and never changed after: every service is present — a feature that is
+    off is its empty form (a pool of size 0, a spiller nothing is scheduled on) — so no
+    operation asks whether one exists. The exception is ``workspaces``: ``None`` *is* the
+    memory workspace mode (written files live in sandbox memory), not a missing service."""
+
     settings: Settings
     store: Store
     runtime: Runtime
@@ -101,6 +101,30 @@ class Node:
     repository: SnapshotRepository
     #: Memory images of sandboxes paused to disk, ``<paused_dir>/<sandbox_id>``.
     paused_dir: Path
+    #: Template layers (built steps, unpacked image layers).
+    layers: LayerStore
+    #: Pulled OCI images.
+    images: ImageStore
+    #: Templates made by the template-build API and their builds.
+    template_store: TemplateStore
+    #: Uploaded build files (``<dir>/files/<filesHash>``) and build scratch space.
+    build_dir: Path
+    #: Runs template builds (``orchestrator/builder.py``).
+    builder: Builder
+    #: Booted sandboxes of the default template waiting to be claimed (size 0: none).
+    warm: WarmPool
+    #: Sandboxes created ahead (not started) for restores of one shape (size 0: none).
+    precreated: PrecreatedPool
+    #: Writes frozen (hot-paused) sandboxes to disk in the background.
+    spiller: Spiller
+    #: What this node offers a memory image (``restore_match.host_requirements``): recorded
+    #: in every manifest with one, checked before every restore of another node's image.
+    host_requirements: dict[str, str]
+    #: Disk workspaces (``workspace = "disk"``): the sandboxes' disk images; None: the
+    #: memory workspace mode.
+    workspaces: WorkspaceStore | None
+    #: Owns every background loop (``supervisor.py``).
+    supervisor: Supervisor = field(default_factory=Supervisor)
     streams: StreamRegistry = field(default_factory=StreamRegistry)
     #: One owner per sandbox: its operations take turns, and a kill wins (``owners.py``).
     owners: Owners = field(default_factory=Owners)
@@ -108,31 +132,8 @@ class Node:
     admission: Admission = field(default_factory=Admission.unlimited)
     #: Last traffic per sandbox (proxy and API), for the idle auto-pause.
     activity: Activity = field(default_factory=Activity)
-    #: Booted sandboxes of the default template waiting to be claimed (None: no pool).
-    warm: WarmSource | None = None
-    #: Sandboxes created ahead (not started) for restores of one shape (None: no pool).
-    precreated: PrecreatedPool | None = None
-    #: Writes frozen (hot-paused) sandboxes to disk in the background (None: at once, inline).
-    spiller: SpillScheduler | None = None
-    clock: Callable[[], float] = time.time
-    #: Template layers (built steps, unpacked image layers).
-    layers: LayerStore | None = None
-    #: Pulled OCI images (None: this node serves no images).
-    images: ImageStore | None = None
-    #: Templates made by the template-build API and their builds.
-    template_store: TemplateStore | None = None
-    #: Uploaded build files (``<dir>/files/<filesHash>``) and build scratch space.
-    build_dir: Path | None = None
-    #: Runs template builds (``orchestrator/builder.py``; None: this node builds none).
-    builder: Builder | None = None
-    #: What this node offers a memory image (``restore_match.host_requirements``): recorded
-    #: in every manifest with one, checked before every restore of another node's image.
-    host_requirements: dict[str, str] = field(default_factory=dict)
-    #: Disk workspaces (``workspace = "disk"``): the sandboxes' disk images; None otherwise.
-    workspaces: WorkspaceStore | None = None
-    #: Set by a drain (``ops/drain.py``): the node's heartbeats say ``draining``, so the
-    #: cluster places nothing more here.
-    draining: bool = False
     #: Sandboxes whose envd does not answer (``liveness.py``): shown in info, and the proxy
     #: fails their envd requests at once.
     liveness: Liveness = field(default_factory=Liveness)
+    drain: DrainFlag = field(default_factory=DrainFlag)
+    clock: Callable[[], float] = time.time

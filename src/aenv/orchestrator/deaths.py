@@ -1,7 +1,7 @@
 """The death watch: a sandbox whose runtime dies (out of memory, a crash, a kill from outside)
 is noticed within milliseconds and torn down, with the reason kept.
 
-One supervised task of the server. Every ``SYNC_S`` it lists the sandboxes that have a live
+One loop of the node's supervisor. Every ``SYNC_S`` it lists the sandboxes that have a live
 runtime — ``running``, and ``paused`` while frozen in memory — and keeps one waiter per
 (sandbox, runtime pid) on ``Runtime.wait_exit`` (a pidfd: no polling of the runtime). When a
 runtime exits, the record decides whether that was a death:
@@ -62,17 +62,13 @@ class DeathWatch:
         self.node = node
         #: sandbox id → (runtime pid, its waiter).
         self._waiters: dict[str, tuple[int | None, asyncio.Task[None]]] = {}
-        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="death-watch")
+        self.node.supervisor.spawn("death-watch", self._loop)
 
     async def close(self) -> None:
+        """After the supervisor stopped the loop: the waiters it started end too."""
         tasks = [w for _, w in self._waiters.values()]
-        if self._task is not None:
-            tasks.append(self._task)
-            self._task = None
         for task in tasks:
             task.cancel()
         # A teardown already under way is shielded (kill) and finishes on its own.

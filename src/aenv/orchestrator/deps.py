@@ -31,7 +31,7 @@ class Template:
     #: The template's WORKDIR: commands' default cwd (and the path ``""``). None: none set,
     #: so each user's home, as in E2B (``/root`` for root).
     default_workdir: str | None = None
-    #: A memory image (runsc checkpoint directory): sandboxes of this template are *restored*
+    #: A memory image (a runtime checkpoint directory): sandboxes of this template are *restored*
     #: from it instead of booted. None: cold boot from the layers.
     image: Path | None = None
     #: The envd bundle the image was made with (a restore must mount the same one).

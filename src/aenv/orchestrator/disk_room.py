@@ -1,13 +1,12 @@
 """Refuse a checkpoint that cannot fit on its disk, before the sandbox is touched.
 
-runsc 20240729 does not survive a checkpoint that runs out of space without
-``--leave-running``: the save fails half-way ("statefile error: no space left on device") and
-the sandbox exits — a pause's spill would lose the sandbox it was keeping. So every checkpoint
-first compares the free space of its target filesystem with what the image can take: the
-sandbox's memory use as its memory cgroup counts it (the image holds at most that: guest
-memory and the files written into it), plus a margin. Too little → :class:`NotEnoughSpace`
-(507) naming both figures, and nothing has happened to the sandbox.
-"""
+A sandbox does not survive a checkpoint that runs out of space (the driver's save fails
+half-way, "no space left on device", and the sandbox exits: RUNTIME-NOTES) — a pause's spill
+would lose the sandbox it was keeping. So every checkpoint first compares the free space of its
+target filesystem with what the image can take: the sandbox's memory use as its memory cgroup
+counts it (the image holds at most that: guest memory and the files written into it), plus a
+margin. Too little → :class:`NotEnoughSpace` (507) naming both figures, and nothing has happened
+to the sandbox."""
 
 from __future__ import annotations
 

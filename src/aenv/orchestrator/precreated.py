@@ -1,16 +1,16 @@
 """Pre-created sandboxes: network slot, rootfs and runtime processes made ahead, not started.
 
-A restore pays ~100 ms of fixed start-up before it decodes anything (the runsc CLI, the gofer,
-the sandbox process re-exec'ing itself, the network links; RUNTIME-NOTES). ``runsc create``
-pays it ahead; a restore into the created sandbox then takes ~95 ms instead of ~180 ms, and
-16 of them at once on 2 cores ~1.5 s instead of ~2.5 s. The pool keeps ``size`` of them for
-one *shape* (layers, envd bundle, CPUs, memory, disk seed: what the bundle and rootfs of a
-sandbox are made of), the shape of the last fork (or, before any, the default template's), so
-the next fork of that family, or a create of that template the warm pool cannot serve, starts
-from one.
+A restore pays ~100 ms of fixed start-up before it decodes anything (the runtime's CLI, its file
+proxy, the sandbox process re-exec'ing itself, the network links; RUNTIME-NOTES). A
+``Runtime.precreate`` pays it ahead; a restore into the created sandbox then takes ~95 ms
+instead of ~180 ms, and 16 of them at once on 2 cores ~1.5 s instead of ~2.5 s. The pool keeps
+``size`` of them for one *shape* (layers, envd bundle, CPUs, memory, disk seed: what the bundle
+and rootfs of a sandbox are made of), the shape of the last fork (or, before any, the default
+template's), so the next fork of that family, or a create of that template the warm pool cannot
+serve, starts from one.
 
-A pre-created sandbox has an id already (runsc's container id cannot change). A fork child or
-a create takes that id; a resume from disk, whose id is fixed, keeps runsc's id as the
+A pre-created sandbox has an id already (the runtime's id of it cannot change). A fork child or
+a create takes that id; a resume from disk, whose id is fixed, keeps the runtime's id as the
 instance's ``runtime_id`` and takes over the pre-created sandbox's rootfs directory
 (``RootfsStore.adopt``; the driver moves its bundle and logs), so it is the resumed sandbox's
 from then on. That works with
@@ -36,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from aenv.core.errors import FailedPrecondition
 from aenv.core.ids import new_sandbox_id
 from aenv.core.net import NetSlot
 from aenv.orchestrator.context import Node
@@ -53,7 +54,7 @@ RETRY_MAX_S = 60.0
 @dataclass(frozen=True)
 class Shape:
     """What a pre-created sandbox is made of; a restore may use it only for an image of a
-    sandbox of exactly this shape (runsc matches the saved mounts)."""
+    sandbox of exactly this shape (the restore matches the saved mounts)."""
 
     layers: tuple[Path, ...]
     envd_bundle: Path
@@ -87,28 +88,38 @@ class Precreated:
 
 
 class PrecreatedPool:
-    def __init__(self, node: Node, size: int, template: Template | None = None) -> None:
-        self.node = node
+    """Empty until :meth:`start` hands it the node and the shape to keep."""
+
+    def __init__(self, size: int) -> None:
+        self._node: Node | None = None
         self.size = size
         #: The template whose shape is kept (a fork child's: the parent's layers and image).
-        self._template = template
+        self._template: Template | None = None
         self._ready: deque[Precreated] = deque()
         self._busy = 0
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def node(self) -> Node:
+        if self._node is None:
+            raise FailedPrecondition("the pre-created pool has not started")
+        return self._node
 
     @property
     def ready(self) -> int:
         return len(self._ready)
 
-    def start(self) -> None:
-        if self.size > 0 and self._task is None:
-            self._task = asyncio.create_task(self._fill(), name="precreated-pool")
+    async def start(self, node: Node, template: Template | None) -> None:
+        self._node = node
+        if self._template is None:
+            self._template = template
+        if self.size > 0:
+            node.supervisor.spawn("precreated-pool", self._fill)
 
     def want(self, template: Template) -> None:
         """Keep sandboxes of ``template``'s shape from now on (those of another are
         destroyed). Not for a template whose disk seed is about to go (a fork's)."""
-        if self._template is not None and \
+        if self._template is not None and self._node is not None and \
                 shape_of(self.node, template) == shape_of(self.node, self._template):
             return
         self._template = template
@@ -138,11 +149,7 @@ class PrecreatedPool:
                 self._wake.set()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """After the supervisor stopped the refill: the ready sandboxes are destroyed."""
         # At once: a destroy waits ~1 s for the host to reap the sandbox's processes.
         ready, self._ready = list(self._ready), deque()
         if ready:

@@ -319,7 +319,7 @@ async def apply(node: Node, record: SandboxRecord, action: Action,
                     record = await node.store.update(record, state=S.PAUSING)
             if record.state != S.PAUSED or data != (record.instance or {}):
                 await node.store.update(record, state=S.PAUSED, instance=data)
-            if action == Action.SPILL and live and node.spiller is not None:
+            if action == Action.SPILL and live:
                 node.spiller.schedule(sid, delay=0.0)
                 return
             if action == Action.SPILL:
@@ -329,11 +329,9 @@ async def apply(node: Node, record: SandboxRecord, action: Action,
                     await spill(node, sid)
                 except Exception:
                     log.exception("could not write %s to disk; the spiller tries again", sid)
-                    if node.spiller is not None:
-                        node.spiller.schedule(sid)
+                    node.spiller.schedule(sid)
                 return
-            if node.spiller is not None:
-                node.spiller.schedule(sid)
+            node.spiller.schedule(sid)
         log.info("re-attached sandbox %s (%s)", sid, action.value)
         return
     if action == Action.FILES:

@@ -1,7 +1,7 @@
 """The spiller: writes frozen (hot-paused) sandboxes to disk once they have been paused for
 ``pause_hot_s``, or at once when more than ``max_hot_paused`` are frozen (oldest first).
 
-One supervised task; a spill that fails is retried later (the sandbox stays frozen and
+One loop of the node's supervisor; a spill that fails is retried later (the sandbox stays frozen and
 paused meanwhile, so nothing is lost). After a restart, ``adopt`` re-schedules every frozen
 sandbox recovery found.
 """
@@ -13,7 +13,8 @@ import contextlib
 import logging
 import time
 
-from aenv.core.errors import AenvError, Conflict, NotFound
+from aenv.core.errors import AenvError, Conflict, FailedPrecondition, NotFound
+from aenv.core.settings import Settings
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops.pause import spill
 
@@ -28,20 +29,23 @@ BUSY_RETRY_S = 1.0
 
 
 class Spiller:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    """Schedules are kept from construction on; spills begin
+    once :meth:`start` hands it the node (recovery schedules before that)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._node: Node | None = None
         #: sandbox id → monotonic time it is due.
         self._due: dict[str, float] = {}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[object]] = set()
         #: sandbox id → failed spills in a row (for the backoff).
         self._failures: dict[str, int] = {}
 
     def schedule(self, sandbox_id: str, *, delay: float | None = None) -> None:
-        hot = self.node.settings.pause_hot_s if delay is None else delay
+        hot = self._settings.pause_hot_s if delay is None else delay
         self._due[sandbox_id] = time.monotonic() + hot
-        overflow = len(self._due) - self.node.settings.max_hot_paused
+        overflow = len(self._due) - self._settings.max_hot_paused
         if overflow > 0:
             for oldest in sorted(self._due, key=self._due.__getitem__)[:overflow]:
                 self._due[oldest] = 0.0
@@ -55,17 +59,13 @@ class Spiller:
     def pending(self) -> int:
         return len(self._due)
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="spiller")
+    async def start(self, node: Node) -> None:
+        self._node = node
+        node.supervisor.spawn("spiller", self._loop)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        # An in-flight spill is shielded and finishes on its own; wait for it briefly.
+        """After the supervisor stopped the loop: an in-flight spill is shielded and
+        finishes on its own; wait for it briefly."""
         if self._running:
             await asyncio.wait(self._running, timeout=30)
 
@@ -91,10 +91,13 @@ class Spiller:
                     await asyncio.wait_for(self._wake.wait(), timeout=wait)
 
     async def _spill(self, sandbox_id: str) -> None:
+        node = self._node
+        if node is None:
+            raise FailedPrecondition("the spiller has not started")
         try:
-            await spill(self.node, sandbox_id)
+            await spill(node, sandbox_id)
         except Conflict as exc:
-            if self.node.owners.killed(sandbox_id):
+            if node.owners.killed(sandbox_id):
                 return
             # Another operation holds it (a resume, a kill...): look again soon; a spill
             # that finds it no longer frozen does nothing.

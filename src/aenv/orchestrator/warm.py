@@ -1,7 +1,7 @@
 """A pool of started, not yet claimed sandboxes of the default template.
 
-Starting one means restoring the template's memory image (or, without one, booting gVisor
-and envd): hundreds of milliseconds to seconds, where claiming a ready one and initialising
+Starting one means restoring the template's memory image (or, without one, booting the
+runtime and envd): hundreds of milliseconds to seconds, where claiming a ready one and initialising
 its envd takes milliseconds. The pool keeps up to ``size`` ready (high watermark) and refills
 in the background once fewer than ``low`` are left.
 
@@ -13,10 +13,10 @@ turns the pool off.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 
+from aenv.core.errors import FailedPrecondition
 from aenv.core.ids import new_sandbox_id
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
@@ -30,25 +30,32 @@ RETRY_MAX_S = 60.0
 
 
 class WarmPool:
-    def __init__(self, node: Node, template: Template, size: int, low: int | None = None
-                 ) -> None:
-        self.node = node
-        self.template = template
+    """Empty until :meth:`start` names the template it keeps."""
+
+    def __init__(self, size: int, low: int | None = None) -> None:
+        self._node: Node | None = None
+        self.template: Template | None = None
         self.size = size
         #: Refill starts below this many ready sandboxes (and goes up to ``size``).
         self.low = size if low is None else min(low, size)
         self._ready: deque[Booted] = deque()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        if self.size > 0 and self._task is None:
-            self._task = asyncio.create_task(self._fill(), name="warm-pool")
+    @property
+    def node(self) -> Node:
+        if self._node is None:
+            raise FailedPrecondition("the warm pool has not started")
+        return self._node
+
+    async def start(self, node: Node, template: Template) -> None:
+        self._node, self.template = node, template
+        if self.size > 0:
+            node.supervisor.spawn("warm-pool", self._fill)
 
     def take(self, template: Template) -> Booted | None:
         """A ready sandbox of exactly ``template`` (same layers and memory image), or ``None``
         (then the caller starts one itself)."""
-        if template != self.template or not self._ready:
+        if self.template is None or template != self.template or not self._ready:
             return None
         booted = self._ready.popleft()
         if len(self._ready) < self.low:
@@ -60,20 +67,18 @@ class WarmPool:
         return len(self._ready)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """After the supervisor stopped the refill: the ready sandboxes are destroyed."""
         # At once: each destroy waits ~1-2 s for the host to reap the sandbox's processes.
         ready, self._ready = list(self._ready), deque()
-        await asyncio.gather(*(discard(self.node, booted) for booted in ready))
+        if ready:
+            await asyncio.gather(*(discard(self.node, booted) for booted in ready))
 
     async def _fill(self) -> None:
         delay = RETRY_S
         while True:
             while len(self._ready) < self.size:
                 try:
+                    assert self.template is not None  # set by start, before this loop
                     booted = await boot_sandbox(self.node, new_sandbox_id(), self.template)
                 except Exception as exc:
                     log.warning("warm boot failed (retrying in %.0fs): %s", delay, exc)

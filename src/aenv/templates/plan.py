@@ -9,7 +9,7 @@ A plan is a list of stages. The last stage is the template; earlier stages exist
 copied from (``COPY --from=<stage>``). A stage starts from an OCI image, an existing template,
 or an earlier stage, then applies steps in order:
 
-* ``RUN``     ``args = (command, [user])``: ``/bin/sh -c command`` in a gVisor build sandbox,
+* ``RUN``     ``args = (command, [user])``: ``/bin/sh -c command`` in a build sandbox,
               as ``user`` (else the stage's current user), in the current workdir and env.
 * ``COPY``    ``args = (src, dest, [owner], [mode])``: ``src`` (a path or glob) from the
               uploaded file archive ``files_hash`` (E2B: one archive per COPY; Dockerfile:

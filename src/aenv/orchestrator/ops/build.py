@@ -31,7 +31,7 @@ import secrets
 import time
 from collections.abc import Sequence
 
-from aenv.core.errors import AenvError, DeadlineExceeded, FailedPrecondition, InvalidArgument
+from aenv.core.errors import AenvError, DeadlineExceeded, InvalidArgument
 from aenv.orchestrator.build_image import finalize
 from aenv.orchestrator.build_layers import check_user, copy_layer, workdir_layer
 from aenv.orchestrator.build_log import BuildLog
@@ -73,8 +73,6 @@ def _step_name(stage_index: int, final: bool, number: int) -> str:
 async def execute(node: Node, plan: BuildPlan, spec: BuildSpec, log_: BuildLog,
                   *, auth: tuple[str, str] | None = None) -> Snapshot:
     """Run the plan (see the module docstring); returns the committed template snapshot."""
-    if node.layers is None:
-        raise FailedPrecondition("this node has no layer store for builds")
     layers = node.layers
     started = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
@@ -142,8 +140,6 @@ async def _base(
             chain=chain_key("template", [p.name for p in template.layers],
                          template.env_vars, template.default_user, template.default_workdir),
         )
-    if node.images is None:
-        raise FailedPrecondition("this node has no image store")
     log_.info(f"FROM {base.reference}", step)
     image = await stack.enter_async_context(node.images.image(
         base.reference, auth=(base.auth.username, base.auth.password) if base.auth else auth,
@@ -258,7 +254,7 @@ async def _step_layer(node: Node, layers: LayerStore, key: str, *, forced: bool
     """
     if forced:
         return chain_key(key, secrets.token_hex(8)), False
-    made = await node.template_store.cached_layer(key) if node.template_store else None
+    made = await node.template_store.cached_layer(key)
     for layer_id in (made, key):
         if layer_id and layers.has(layer_id):
             return layer_id, True
@@ -266,7 +262,7 @@ async def _step_layer(node: Node, layers: LayerStore, key: str, *, forced: bool
 
 
 async def _remember(node: Node, key: str, layer_id: str) -> None:
-    if layer_id != key and node.template_store is not None:
+    if layer_id != key:
         await node.template_store.set_cached_layer(key, layer_id)
 
 

@@ -32,8 +32,6 @@ async def cold_start(
     node: Node, image: str, params: CreateParams, *, cpu_count: int | None,
     memory_mb: int | None, start_cmd: str | None, auth: tuple[str, str] | None,
 ) -> SandboxRecord:
-    if node.images is None or node.build_dir is None:
-        raise FailedPrecondition("this node serves no OCI images")
     await check_capacity(node)
     async with node.images.image(image, auth=auth) as pulled:
         env: dict[str, str] = {}

@@ -69,8 +69,7 @@ async def create(node: Node, params: CreateParams) -> SandboxRecord:
         record = await create_from(node, template, params)
     # Built templates count their spawns (E2B's ``spawnCount``); ``base`` and snapshots do not,
     # and their creates skip the write.
-    if node.template_store is not None and template.snapshot_id is None \
-            and template.template_id != node.settings.default_template:
+    if template.snapshot_id is None and template.template_id != node.settings.default_template:
         await node.template_store.count_spawn(template.template_id, node.clock())
     return record
 
@@ -78,8 +77,6 @@ async def create(node: Node, params: CreateParams) -> SandboxRecord:
 def layers_present(node: Node, template: Template) -> contextlib.AbstractAsyncContextManager[None]:
     """Inside: the template's layers are on this node (evicted image layers fetched again) and
     kept from eviction until the sandbox's rootfs holds them."""
-    if node.images is None:
-        return contextlib.nullcontext()
     return node.images.layers_present(template.layers)
 
 
@@ -104,11 +101,11 @@ async def create_from(node: Node, template: Template, params: CreateParams, *,
     """Create a sandbox of an already resolved ``template`` (a fork child's template is the
     parent's memory image). Contract: as the module's."""
     policy = policy_from(params.allow_internet_access, params.network)
-    warm = node.warm.take(template) if node.warm is not None else None
+    warm = node.warm.take(template)
     pre = None
-    if warm is None and template.image is not None and node.precreated is not None:
+    if warm is None and template.image is not None:
         pre = node.precreated.take(template)
-    with node.precreated.busy() if node.precreated is not None else contextlib.nullcontext():
+    with node.precreated.busy():
         return await _create(node, template, params, policy, warm, pre, detach)
 
 

@@ -1,7 +1,7 @@
 """Drain: this node takes no new placements and hands every sandbox to the repository.
 
 Steps, each observable: the node says ``draining`` in its heartbeats from the first moment
-(``Node.draining``), so schedulers place nothing more here; every running sandbox is paused
+(``Node.drain``), so schedulers place nothing more here; every running sandbox is paused
 with its memory and written to disk at once (no hot period); every paused one, those included,
 is published to the shared repository (``paused_repo.py``), from where any node of the
 cluster resumes it. The node itself keeps each sandbox paused until another node takes it
@@ -43,7 +43,7 @@ async def drain(node: Node) -> Drained:
     if not node.settings.cluster:
         raise FailedPrecondition("a drain hands sandboxes to the cluster's shared repository; "
                                  "this node is not in a cluster")
-    node.draining = True
+    node.drain.on = True
     done = Drained()
     records = await node.store.list([SandboxState.RUNNING, SandboxState.PAUSED])
     log.info("draining: %d sandboxes to hand over", len(records))
@@ -55,8 +55,7 @@ async def drain(node: Node) -> Drained:
             record = await node.store.get(sandbox_id)
             # A frozen one is written to disk now, not after its hot period; the spill
             # publishes it.
-            if (record is not None and not paused_repo.published(record)
-                    and node.spiller is not None):
+            if record is not None and not paused_repo.published(record):
                 node.spiller.schedule(sandbox_id, delay=0)
             await _published(node, sandbox_id)
             (done.moved if was_running else done.parked).append(sandbox_id)

@@ -19,7 +19,6 @@ A crash mid-fork leaves ``creating`` children (torn down by recovery) and a stag
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -77,7 +76,7 @@ async def _fork_owned(node: Node, sandbox_id: str, count: int, timeout: int
     except ResourceExhausted as exc:
         return [ForkResult(error=exc) for _ in range(count)]
     record = await node.store.update(record, state=SandboxState.FORKING)
-    with node.precreated.busy() if node.precreated is not None else contextlib.nullcontext():
+    with node.precreated.busy():
         return await _fork(node, record, count, fits, timeout)
 
 
@@ -115,7 +114,7 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
             *(create_from(node, template, params, detach=False) for _ in range(fits)),
             return_exceptions=True
         )
-        if node.precreated is not None and seed is None:
+        if seed is None:
             # The next fork of this family finds its children created ahead. (A disk seed is
             # deleted below: nothing can be created on it ahead.)
             node.precreated.want(template)

@@ -49,8 +49,7 @@ async def kill(node: Node, sandbox_id: str, *, reason: str | None = None) -> Non
     node.owners.begin_kill(sandbox_id)
     await mark_killing(node, sandbox_id, reason)
     node.streams.abort(sandbox_id)
-    if node.spiller is not None:
-        node.spiller.cancel(sandbox_id)
+    node.spiller.cancel(sandbox_id)
     task = node.owners.start_kill(sandbox_id, lambda: _finish(node, sandbox_id),
                                   deadline=node.settings.kill_deadline_s)
     await _answer(node, task)

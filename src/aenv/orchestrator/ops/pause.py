@@ -132,8 +132,7 @@ async def _frozen(node: Node, record: SandboxRecord, *, spill_in: float | None
     record = await node.store.update(
         record, state=SandboxState.PAUSED, instance={**(record.instance or {}), "frozen": True}
     )
-    if node.spiller is not None:
-        node.spiller.schedule(record.sandbox_id, delay=spill_in)
+    node.spiller.schedule(record.sandbox_id, delay=spill_in)
     return record
 
 
@@ -185,7 +184,7 @@ async def _spill(node: Node, record: SandboxRecord) -> SandboxRecord:
         await _back_to(node, record, SandboxState.PAUSED)
         raise
     # Free the runtime and slot *before* the record says "on disk": a resume that starts
-    # once it does must not meet the old container under the same runsc id. A crash in
+    # once it does must not meet the old container under the same runtime id. A crash in
     # between leaves a pausing record whose image is complete: recovery finishes the job.
     try:
         await node.runtime.destroy(instance)

@@ -1,15 +1,13 @@
 """Close every host-side connection into a sandbox before its memory is saved.
 
-runsc 20240729 cannot save a connected guest TCP endpoint: without ``--net-disconnect-ok``
-the save is refused, with it the save goes through, but a sandbox restored from that image
-has an envd that accepts connections and never answers them (measured:
-tests/runtime/test_checkpoint.py). When the *host* closes first, the guest's endpoints finish
-their passive close before the save and restores answer. So before a checkpoint the node
+The runtime cannot save a connected guest TCP endpoint (measured on the default driver in
+tests/runtime/test_checkpoint.py: the save is refused, or goes through and the restored envd
+accepts connections and never answers them). When the *host* closes first, the guest's endpoints
+finish their passive close before the save and restores answer. So before a checkpoint the node
 holds new connections back (they wait, then go ahead), lets connects under way finish their
-handshake (one cut mid-handshake leaves a SYN-RECV endpoint the save crashes on), ends
-proxied streams, closes its pooled connections to envd, and gives the guest a moment to
-process the FINs.
-"""
+handshake (one cut mid-handshake leaves a SYN-RECV endpoint the save crashes on), ends proxied
+streams, closes its pooled connections to envd, and gives the guest a moment to process the
+FINs."""
 
 from __future__ import annotations
 

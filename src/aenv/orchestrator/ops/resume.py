@@ -20,7 +20,6 @@ import asyncio
 import logging
 import shutil
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -85,8 +84,7 @@ async def _resume_owned(node: Node, sandbox_id: str, seconds: int
         # A thaw needs no new disk; a restore or reboot may (the host's watermark: 429).
         await node.workspaces.ensure_host_room(f"resuming sandbox {sandbox_id}")
     record = await node.store.update(record, state=SandboxState.RESUMING)
-    if node.spiller is not None:
-        node.spiller.cancel(sandbox_id)
+    node.spiller.cancel(sandbox_id)
     return await _resume(node, record, seconds), True
 
 
@@ -109,8 +107,7 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
             # Whether it runs is unknown, and a second resume could kill it: write it to disk
             # (right either way); a resume after that restores it.
             await _to_paused(node, record)
-            if node.spiller is not None:
-                node.spiller.schedule(record.sandbox_id, delay=0.0)
+            node.spiller.schedule(record.sandbox_id, delay=0.0)
             raise Unavailable(f"sandbox {record.sandbox_id} is being written to disk after a "
                               "resume that got no answer; try again in a few seconds") from exc
         except BaseException:
@@ -133,7 +130,7 @@ async def _resume(node: Node, record: SandboxRecord, seconds: int) -> SandboxRec
             await node.store.delete(await node.store.require(record.sandbox_id))
             raise NotFound(f"sandbox {record.sandbox_id} was resumed on another node")
         lap("repository")
-        with node.precreated.busy() if node.precreated is not None else nullcontext():
+        with node.precreated.busy():
             record, data = await _restore(node, record, lap)
         phases = lap.phases
         consumed = paused_image(record.instance)
@@ -219,7 +216,7 @@ async def _adopt_precreated(node: Node, record: SandboxRecord, bundle: Path
     """A pre-created sandbox of ``record``'s shape whose directory is now the sandbox's
     (rootfs included), or None: none ready, disk workspaces, or the sandbox's directory cannot
     be taken over (then the pre-created one is given back to nothing: destroyed)."""
-    if node.precreated is None or node.workspaces is not None:
+    if node.workspaces is not None:
         return None
     lowers = node.rootfs.recorded_lowers(record.sandbox_id)
     if lowers is None:

@@ -42,8 +42,7 @@ async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False) -> 
             log.warning("teardown of %s: could not release its %s: %s", sid, what,
                         getattr(exc, "message", exc))
             first = first or exc
-    if node.spiller is not None:
-        node.spiller.cancel(sid)
+    node.spiller.cancel(sid)
     image = node.paused_dir / sid
     for path in (image, image.with_name(image.name + ".partial")):
         await asyncio.to_thread(shutil.rmtree, path, True)

@@ -1,0 +1,37 @@
+"""aenv's own: how the node's background loops are doing (``orchestrator/supervisor.py``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field
+
+from aenv.api.auth import require_api_key
+from aenv.api.node import NodeDep
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+class LoopOut(BaseModel):
+    name: str
+    state: Literal["running", "backing-off", "done", "stopped"]
+    failures: int
+    in_a_row: int = Field(serialization_alias="inARow")
+    last_error: str | None = Field(serialization_alias="lastError")
+    failed_at: float | None = Field(serialization_alias="failedAt")
+    retry_at: float | None = Field(serialization_alias="retryAt")
+
+
+class LoopsOut(BaseModel):
+    loops: list[LoopOut]
+    #: False while any loop is backing off after a failure.
+    healthy: bool
+
+
+@router.get("/node/loops", response_model=LoopsOut, response_model_by_alias=True)
+async def node_loops(node: NodeDep) -> LoopsOut:
+    loops = [LoopOut(name=h.name, state=h.state, failures=h.failures, in_a_row=h.in_a_row,
+                     last_error=h.last_error, failed_at=h.failed_at, retry_at=h.retry_at)
+             for h in node.supervisor.health()]
+    return LoopsOut(loops=loops, healthy=all(loop.state != "backing-off" for loop in loops))

@@ -1,0 +1,42 @@
+"""Joining a cluster: the node's heartbeat to Redis and peer fetch of blobs from other nodes."""
+
+from __future__ import annotations
+
+import logging
+
+from aenv.cluster.heartbeat import Heartbeat
+from aenv.cluster.peer_fetch import PeerBlobs
+from aenv.compose.parts import api_key_for
+from aenv.core.settings import Settings
+from aenv.orchestrator.context import Node
+
+log = logging.getLogger("aenv.compose")
+
+
+def join_cluster(node: Node, url: str) -> Heartbeat:
+    """The node's heartbeat to the cluster at Redis ``url`` (not started)."""
+    from aenv.cluster.redis_client import connect
+
+    heartbeat = Heartbeat(node, connect(url))
+    log.info("joining the cluster at %s as node %s (%s)", _redacted(url), heartbeat.node_id,
+             heartbeat.address)
+    return heartbeat
+
+
+def join_peers(settings: Settings, heartbeat: Heartbeat) -> PeerBlobs:
+    """Peer fetch of blobs from the cluster's other nodes (``peer_fetch``)."""
+    from aenv.cluster.redis_client import connect
+
+    assert settings.cluster is not None
+    log.info("peer fetch on: blobs come from other nodes before the repository")
+    return PeerBlobs(connect(settings.cluster), heartbeat.keys, heartbeat.node_id,
+                     api_key_for(settings))
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a password (``redis://:secret@host`` → ``redis://:***@host``)."""
+    scheme, sep, rest = url.partition("://")
+    auth, at, host = rest.rpartition("@")
+    if not at or ":" not in auth:
+        return url
+    return f"{scheme}{sep}{auth.split(':', 1)[0]}:***@{host}"

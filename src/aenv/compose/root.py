@@ -1,0 +1,215 @@
+"""The node's composition root: settings → parts → one frozen ``Node`` → started services.
+
+Everything the node owns is entered into one ``AsyncExitStack`` as it is opened, so shutdown
+undoes start-up in reverse, whatever step start-up reached: the supervisor first (every
+background loop stops), then the services whose loops those were (in-flight spills finish,
+ready pool sandboxes are destroyed, kills that answered early finish their teardown), then the
+network pool, the guest connections and the store. Sandboxes stay running: the next start
+re-attaches them.
+
+Start-up order: envd bundle, repository, base template (with visible progress), store,
+network pool, runtime (``runtime/registry.py``: ``Settings.runtime``), workspaces, images;
+the ``Node``; then crash recovery, the background loops, the base template's memory image,
+the warm and pre-created pools, the cluster heartbeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+
+from aenv.cluster.peer_fetch import PeerBlobs
+from aenv.compose import parts
+from aenv.compose.cluster import join_cluster, join_peers
+from aenv.core.errors import AenvError
+from aenv.core.settings import Settings
+from aenv.network.guest_http import GuestConnector
+from aenv.network.pool import NetConfig, SlotPool
+from aenv.orchestrator.admission import Admission
+from aenv.orchestrator.builder import Builder
+from aenv.orchestrator.catalog import TemplateCatalog
+from aenv.orchestrator.context import Node
+from aenv.orchestrator.deaths import DeathWatch
+from aenv.orchestrator.gc import run_gc_loop
+from aenv.orchestrator.idle import run_idle_loop
+from aenv.orchestrator.liveness import run_liveness_loop
+from aenv.orchestrator.owners import Owners
+from aenv.orchestrator.paused_repo import publish_pending
+from aenv.orchestrator.precreated import PrecreatedPool
+from aenv.orchestrator.recover import recover
+from aenv.orchestrator.restore_match import host_requirements
+from aenv.orchestrator.settle import settle
+from aenv.orchestrator.spill import Spiller
+from aenv.orchestrator.supervisor import Supervisor
+from aenv.orchestrator.template_image import with_memory_image
+from aenv.orchestrator.ttl import run_ttl_loop
+from aenv.orchestrator.warm import WarmPool
+from aenv.runtime import reaper
+from aenv.runtime.registry import build_runtime
+from aenv.storage.layers import LayerStore
+from aenv.storage.rootfs import RootfsStore
+from aenv.store.sqlite import Store
+from aenv.store.templates import TemplateStore
+
+log = logging.getLogger("aenv.compose")
+
+
+@contextlib.asynccontextmanager
+async def running_node(settings: Settings) -> AsyncIterator[Node]:
+    """The node, started; on exit everything it opened is closed (in reverse)."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    async with contextlib.AsyncExitStack() as stack:
+        assembled = await _assemble(settings, stack)
+        await _start(assembled, stack)
+        yield assembled.node
+
+
+@dataclass(frozen=True)
+class _Assembled:
+    node: Node
+    #: The node's parts as what they are (the node holds them as the orchestrator's view).
+    pool: SlotPool
+    catalog: TemplateCatalog
+
+
+async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _Assembled:
+    """Open every part and build the frozen context (nothing runs in the background yet)."""
+    bundle = await parts.prepare_envd(settings)
+    layers = LayerStore(settings.layers_dir or settings.home / "layers")
+    repository = parts.open_repository(settings, layers)
+    with parts.console.status(f"opening the repository {repository.store.describe()}"):
+        for leftover in await repository.start():
+            log.info("removed %s, left by an interrupted snapshot", leftover)
+    catalog = TemplateCatalog(layers, repository)
+    catalog.own_bundle = bundle
+    await parts.prepare_templates(catalog)
+    store = await Store.open(settings.home / "state.db")
+    _closing(stack, "the store", store.close)
+    pool = SlotPool(NetConfig(
+        low=min(max(1, settings.net_pool_size // 2), settings.net_pool_size),
+        high=settings.net_pool_size,
+        first_index=settings.net_first_index, last_index=settings.net_last_index,
+    ))
+    guests = GuestConnector()
+    _closing(stack, "the guest connections", guests.aclose)
+    runtime = build_runtime(settings)
+    catalog.host = await host_requirements(runtime)
+    workspaces = (await parts.open_workspaces(settings)
+                  if settings.workspace == "disk" else None)
+    if workspaces is not None:
+        catalog.disk_dir = workspaces.pool.path / "snapshots"
+    rootfs = RootfsStore(settings.home / "sandboxes", workspaces, disk_mb=settings.disk_size_mb)
+    template_store = TemplateStore(store.db)
+    catalog.built = template_store
+    build_dir = settings.home / "build"
+    await parts.sweep_build_scratch(build_dir)
+    images = parts.image_store(settings, layers, rootfs)
+    # What a killed unpack, build step or pull left (never visible: layers and blobs appear
+    # by rename, but on disk). A live writer of a shared layers dir holds its flock: skipped.
+    leftovers = await layers.clean_staging() + await images.skopeo.clean_tmp()
+    if leftovers:
+        log.info("removed %d leftovers of interrupted unpacks, build steps and pulls",
+                 leftovers)
+    node = Node(
+        settings=settings, store=store, runtime=runtime, pool=pool, rootfs=rootfs,
+        templates=catalog, guests=guests, envd_bundle=bundle, repository=repository,
+        paused_dir=settings.home / "paused", layers=layers, images=images,
+        template_store=template_store, build_dir=build_dir,
+        builder=Builder(template_store, files_dir=build_dir / "files",
+                        scratch_dir=build_dir / "scratch"),
+        warm=WarmPool(settings.warm_pool_size, settings.warm_pool_low),
+        precreated=PrecreatedPool(settings.precreate_pool_size),
+        spiller=Spiller(settings),
+        host_requirements=catalog.host, workspaces=workspaces,
+        supervisor=Supervisor(),
+        admission=Admission(max_starts=settings.max_concurrent_starts,
+                            max_waiting=settings.max_queued_starts,
+                            retry_after_s=settings.busy_retry_after_s),
+        owners=Owners(deadline_s=settings.operation_deadline_s,
+                      wait_s=settings.transition_wait_s),
+    )
+    node.owners.settler = partial(settle, node)
+    node.builder.attach(node)
+    return _Assembled(node, pool, catalog)
+
+
+async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> None:
+    """Recover, then start every service; each is closed by ``stack`` after the supervisor
+    (entered last, so closed first) has stopped their loops."""
+    node, pool, catalog = assembled.node, assembled.pool, assembled.catalog
+    settings = node.settings
+    _closing(stack, "the network pool", pool.close)
+    await pool.start()
+    _closing(stack, "the pre-created pool", node.precreated.close)
+    _closing(stack, "the warm pool", node.warm.close)
+    _closing(stack, "the sandboxes' owners", node.owners.close)
+    _closing(stack, "the spiller", node.spiller.close)
+    _closing(stack, "the template builder", node.builder.close)
+    deaths = DeathWatch(node)
+    _closing(stack, "the death watch", deaths.close)
+    # Closed now (if start-up fails below) and again, first, at shutdown (see the end).
+    _closing(stack, "the supervisor", node.supervisor.close)
+    plan = await recover(node)
+    try:
+        swept = await pool.sweep()
+    except AenvError as exc:
+        # The slots it could not remove stay out of use; the next start sweeps them again.
+        log.warning("%s", exc.message)
+        swept = []
+    log.info("recovered: %d re-attached, %d torn down, %d orphans, %d stale slots, "
+             "%d could not be recovered (torn down)",
+             len(set(plan.reattach) - set(plan.failed)), len(plan.teardown),
+             len(plan.orphans), len(swept), len(plan.failed))
+    if published := await publish_pending(node):
+        log.info("published %d paused sandboxes to the repository", published)
+    if failed := await node.builder.recover():
+        log.info("%d template builds were cut short by the restart", failed)
+    await node.spiller.start(node)
+    loops: dict[str, Callable[[], Awaitable[None]]] = {
+        "ttl": partial(run_ttl_loop, node), "idle": partial(run_idle_loop, node),
+        "liveness": partial(run_liveness_loop, node), "reaper": reaper.sweep,
+    }
+    if settings.gc_interval_s:
+        loops["gc"] = partial(run_gc_loop, node)
+    if node.workspaces is not None:
+        loops["pool-trim"] = node.workspaces.trimmer.run
+    for name, loop in loops.items():
+        node.supervisor.spawn(name, loop)
+    deaths.start()
+    base = await catalog.resolve(settings.default_template)
+    with parts.console.status("preparing the base template's memory image"):
+        base = await with_memory_image(node, base)
+    catalog.use_image(base)
+    await node.warm.start(node, base)
+    await node.precreated.start(node, base)
+    if settings.cluster:
+        heartbeat = join_cluster(node, settings.cluster)
+        stack.push_async_callback(heartbeat.close)
+        heartbeat.start()
+        if settings.peer_fetch:
+            peers = join_peers(settings, heartbeat)
+            node.repository.cache.peers = peers
+            stack.push_async_callback(_leave_peers, node, peers)
+    # Entered last, closed first: every background loop stops before what it used closes.
+    _closing(stack, "the supervisor", node.supervisor.close)
+
+
+def _closing(stack: contextlib.AsyncExitStack, what: str,
+             close: Callable[[], Awaitable[object]]) -> None:
+    """Close ``what`` when the stack unwinds; a failure there is logged, and the rest of
+    the shutdown goes on."""
+    async def closed() -> None:
+        try:
+            await close()
+        except Exception:
+            log.exception("closing %s failed", what)
+
+    stack.push_async_callback(closed)
+
+
+async def _leave_peers(node: Node, peers: PeerBlobs) -> None:
+    node.repository.cache.peers = None
+    await peers.close()
