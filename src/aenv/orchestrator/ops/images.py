@@ -30,12 +30,10 @@ class CachedImage:
 async def cached_images(node: Node) -> list[CachedImage]:
     """Every pulled reference, then the references being pulled for the first time.
 
-    Prerequisites: none (a node without an image store has none).
+    Prerequisites: none.
     On success: one entry per reference. On failure: none expected (unreadable records are
     skipped by the store).
     """
-    if node.images is None:
-        return []
     images = node.images
     records = await asyncio.to_thread(images.records)
     pulled = [p for p, _ in records]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from aenv.core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
+from aenv.core.errors import Conflict, InvalidArgument, NotFound
 from aenv.orchestrator.builder import Builder
 from aenv.orchestrator.context import Node
 from aenv.store.templates import DEFAULT_TAG, BuildRecord, TemplateRecord, TemplateStore
@@ -25,10 +25,7 @@ _TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def building(node: Node) -> tuple[TemplateStore, Builder]:
-    """The node's template store and builder; ``FailedPrecondition`` on a node that builds no
-    templates (both are made together, ``server.py``)."""
-    if node.template_store is None or node.builder is None:
-        raise FailedPrecondition("this node does not build templates")
+    """The node's template store and builder."""
     return node.template_store, node.builder
 
 
@@ -56,7 +53,7 @@ async def find_alias(node: Node, alias: str) -> TemplateRecord:
     """The template an alias (a name) names.
 
     Prerequisites: the node builds templates. On success: its record.
-    On failure: ``NotFound`` ("template alias ... not found"); ``FailedPrecondition``.
+    On failure: ``NotFound`` ("template alias ... not found").
     """
     record = await building(node)[0].get_template(split_name(alias)[0])
     if record is None:
@@ -78,7 +75,7 @@ async def list_templates(node: Node) -> list[TemplateSummary]:
     """Every built template, newest first.
 
     Prerequisites: the node builds templates. On success: one summary per template.
-    On failure: ``FailedPrecondition``. Reads only.
+    On failure: none expected. Reads only.
     """
     store, _ = building(node)
     found = []
@@ -94,7 +91,7 @@ async def list_tags(node: Node, template_id: str) -> list[tuple[str, str, float]
     """``(tag, build_id, created_at)`` of a template, oldest first.
 
     Prerequisites: the node builds templates. On success: its tags.
-    On failure: ``NotFound`` (no such template); ``FailedPrecondition``. Reads only.
+    On failure: ``NotFound`` (no such template). Reads only.
     """
     store, _ = building(node)
     record = await require_template(store, template_id)
@@ -157,8 +154,6 @@ async def delete_template(node: Node, name_or_id: str) -> None:
 
 
 async def _delete_built(node: Node, name_or_id: str) -> bool:
-    if node.template_store is None:
-        return False
     record = await node.template_store.get_template(split_name(name_or_id)[0])
     if record is None:
         return False
