@@ -37,6 +37,7 @@ import httpx
 from tests.server.harness import API_KEY, NodeServer, kill_all_sandboxes, serving
 
 from bench.cli_args import apply_quick, warn_if_loaded
+from bench.header import arg_strings, loadavg, utc_now
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "burst.json"
@@ -164,10 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             )
     report = {
         "meta": {
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "date": utc_now(),
+            "args": arg_strings(args),
+            "loadavg_before": loadavg(load_before),
+            "loadavg_after": loadavg(),
         },
         "rounds": rounds,
     }

@@ -28,7 +28,7 @@ from tests.server.harness import BUNDLE
 
 import bench.lifecycle.bare as lb_bare
 import bench.lifecycle_bench as lb
-from bench.node_bench import sandbox_pids
+from bench.node_bench.memory import sandbox_pids
 
 #: The base template's root layer in the shared test layer cache (debootstrapped Debian).
 DEFAULT_LAYER = Path(
@@ -94,16 +94,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         start = time.monotonic()
         time.sleep(args.window)
         elapsed = time.monotonic() - start
-        cpu = [
-            100.0 * (cpu_ticks(pids[cid]) - before[cid]) / CLK_TCK / elapsed for cid in ids
-        ]
+        cpu = [100.0 * (cpu_ticks(pids[cid]) - before[cid]) / CLK_TCK / elapsed for cid in ids]
     finally:
         pool.close()
         if image is not None:
             lb.rm_image(image)
     return {
-        "bundle": str(args.bundle), "init": args.init, "flags": args.flag,
-        "restored": args.restored, "n": args.n, "window_s": args.window,
+        "bundle": str(args.bundle),
+        "init": args.init,
+        "flags": args.flag,
+        "restored": args.restored,
+        "n": args.n,
+        "window_s": args.window,
         "pss_mib": [p["pss_mib"] for p in pss],
         "pss_median_mib": statistics.median(p["pss_mib"] for p in pss),
         "pss_anon_shmem_median_mib": statistics.median(

@@ -29,9 +29,7 @@ import os
 os.environ.setdefault("AENV_TEST_SLOT_BASE", "44000")
 
 import argparse
-import datetime as dt
 import json
-import platform
 import shutil
 import signal
 import sys
@@ -47,7 +45,7 @@ from tests.registry import run_registry
 from tests.server.harness import kill_leaked
 
 from bench.cli_args import apply_quick, warn_if_loaded
-from bench.envd_bench import machine
+from bench.header import arg_strings, environment, load_line, loadavg, measured_on
 from bench.images.build import measure_build
 from bench.images.cold import measure_cold
 from bench.images.common import (
@@ -59,7 +57,8 @@ from bench.images.common import (
 from bench.images.create import measure_create
 from bench.images.disk import measure_disk
 from bench.lifecycle_bench import KEEP_LOG_RE, Report, guarded, log, markdown, svg
-from bench.node_bench import SERVER_LOG_LINES, ms_since, runsc_version, stop_node, sweep_slots
+from bench.node_bench.common import ms_since
+from bench.node_bench.node import SERVER_LOG_LINES, stop_node, sweep_slots
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "images.json"
@@ -73,13 +72,9 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 def header(report: Report) -> str:
     meta = report.meta
-    during = ", ".join(f"{k} {v:.1f}" for k, v in meta.get("loadavg_during", {}).items())
     return (
-        f"{meta['machine']['description']}; {meta['date']}; runsc {meta['runsc']}; client e2b "
-        f"{meta['sdk']} (Python {meta['python']}) on the same machine. Node: no warm pool, "
-        f"private layer store. Load average (1 min) before/after: "
-        f"{meta['loadavg_before'][0]}/{meta['loadavg_after'][0]}; at the start of each part: "
-        f"{during}. Wall time {meta['wall_s']:.0f} s."
+        f"{environment(meta)} on the same machine. Node: no warm pool, private layer store. "
+        f"{load_line(meta)}. Wall time {meta['wall_s']:.0f} s."
     )
 
 
@@ -108,31 +103,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--svg", type=Path, default=None)
     args = parser.parse_args(argv)
-    apply_quick(args, parser, {
-        "busybox_runs": 2,
-        "debian_runs": 1,
-        "build_rounds": 1,
-        "create_runs": 3,
-        "disk_sandboxes": 6,
-        "disk_batch": 3,
-    })
+    apply_quick(
+        args,
+        parser,
+        {
+            "busybox_runs": 2,
+            "debian_runs": 1,
+            "build_rounds": 1,
+            "create_runs": 3,
+            "disk_sandboxes": 6,
+            "disk_batch": 3,
+        },
+    )
     out = args.out or (RESULTS.with_name("images-quick.json") if args.quick else RESULTS)
     svg_path = args.svg or (out.with_suffix(".svg") if args.quick else SVG)
     only = set(args.only.split(","))
-
-    import e2b
 
     signal.signal(signal.SIGTERM, _sigterm)
     load_before = warn_if_loaded(log)
     report = Report(
         meta={
-            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": machine(),
-            "runsc": runsc_version(),
-            "python": platform.python_version(),
-            "sdk": getattr(e2b, "__version__", None) or "2.63.0",
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "loadavg_before": [round(x, 2) for x in load_before],
+            **measured_on(),
+            "args": arg_strings(args),
+            "loadavg_before": loadavg(load_before),
             "warm_pool_size": 0,
             "slot_base": os.environ["AENV_TEST_SLOT_BASE"],
         }
@@ -189,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         if layers_dir is not None:
             shutil.rmtree(layers_dir, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
-    report.meta["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    report.meta["loadavg_after"] = loadavg()
     report.meta["loadavg_during"] = loads
     report.meta["wall_s"] = round(ms_since(started) / 1000, 1)
     report.meta["server_log_lines"] = SERVER_LOG_LINES.get("images", [])

@@ -27,9 +27,7 @@ import os
 os.environ.setdefault("AENV_TEST_SLOT_BASE", "48000")
 
 import argparse
-import datetime as dt
 import json
-import platform
 import shutil
 import signal
 import sys
@@ -44,9 +42,10 @@ from tests.s3 import run_s3_server
 from tests.server.harness import kill_leaked
 
 from bench.cli_args import apply_quick, warn_if_loaded
-from bench.envd_bench import machine
+from bench.header import arg_strings, environment, load_line, loadavg, measured_on
 from bench.lifecycle_bench import Report, guarded, log, svg
-from bench.node_bench import SERVER_LOG_LINES, ms_since, runsc_version, stop_node, sweep_slots
+from bench.node_bench.common import ms_since
+from bench.node_bench.node import SERVER_LOG_LINES, stop_node, sweep_slots
 from bench.repository.common import BACKENDS, RepoNode, markdown, start_repo_node
 from bench.repository.cost import measure_cost
 from bench.repository.pause import measure_pause
@@ -64,13 +63,10 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 def header(report: Report) -> str:
     meta = report.meta
-    during = ", ".join(f"{k} {v:.1f}" for k, v in meta.get("loadavg_during", {}).items())
     return (
-        f"{meta['machine']['description']}; {meta['date']}; runsc {meta['runsc']}; client e2b "
-        f"{meta['sdk']} (Python {meta['python']}), moto {meta['moto']} and the nodes on the same "
-        f"machine. Nodes: no warm pool, `AENV_PAUSE_HOT_S=0`. Load average (1 min) "
-        f"before/after: {meta['loadavg_before'][0]}/{meta['loadavg_after'][0]}; at the start "
-        f"of each part: {during}. Wall time {meta['wall_s']:.0f} s."
+        f"{environment(meta)}, moto {meta['moto']} and the nodes on the same machine. "
+        f"Nodes: no warm pool, `AENV_PAUSE_HOT_S=0`. {load_line(meta)}. "
+        f"Wall time {meta['wall_s']:.0f} s."
     )
 
 
@@ -106,21 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     only = set(args.only.split(","))
     sizes = tuple(int(s) for s in args.sizes.split(","))
 
-    import e2b
     import moto
 
     signal.signal(signal.SIGTERM, _sigterm)
     load_before = warn_if_loaded(log)
     report = Report(
         meta={
-            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": machine(),
-            "runsc": runsc_version(),
-            "python": platform.python_version(),
-            "sdk": getattr(e2b, "__version__", None) or "2.63.0",
+            **measured_on(),
             "moto": getattr(moto, "__version__", "?"),
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "loadavg_before": [round(x, 2) for x in load_before],
+            "args": arg_strings(args),
+            "loadavg_before": loadavg(load_before),
         }
     )
     loads: dict[str, float] = {}
@@ -165,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                     sweep_slots(*node.net_range, report.errors)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    report.meta["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    report.meta["loadavg_after"] = loadavg()
     report.meta["loadavg_during"] = loads
     report.meta["wall_s"] = round(ms_since(started) / 1000, 1)
     report.meta["server_log_lines"] = {k: v for k, v in SERVER_LOG_LINES.items() if k in BACKENDS}

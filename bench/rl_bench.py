@@ -36,7 +36,7 @@ from typing import Any
 os.environ.setdefault("AENV_TEST_SLOT_BASE", "40000")
 
 from bench.cli_args import apply_quick, warn_if_loaded
-from bench.envd_bench import machine
+from bench.header import loadavg, machine, utc_now
 from bench.rl.meter import Ledger, MeteredClient, Sampler
 from bench.rl.modes import MODES, RUNNERS
 from bench.rl.report import markdown, reductions, svg
@@ -82,8 +82,9 @@ def requirements(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(r for r in args.deps.replace(",", " ").split() if r != "none")
 
 
-async def run_mode(name: str, args: argparse.Namespace, home: Path | None,
-                   wheelhouse: dict[str, bytes]) -> dict[str, Any]:
+async def run_mode(
+    name: str, args: argparse.Namespace, home: Path | None, wheelhouse: dict[str, bytes]
+) -> dict[str, Any]:
     tasks = [task(i, args.files, wheelhouse, requirements(args)) for i in range(args.tasks)]
     ledger = Ledger()
     sampler = Sampler(ledger, home)
@@ -115,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=PARALLEL, help="agents at once")
     parser.add_argument("--files", type=int, default=FILES, help="modules per task's package")
     parser.add_argument(
-        "--deps", default=" ".join(DEPENDENCIES),
-        help="the repository's dependencies, pip-installed by the setup ('none': no install)")
+        "--deps",
+        default=" ".join(DEPENDENCIES),
+        help="the repository's dependencies, pip-installed by the setup ('none': no install)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--svg", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="fork: pause finished rollouts")
@@ -129,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     log(f"wheelhouse: {' '.join(requirements(args)) or 'no dependencies'}")
     wheelhouse = wheels(requirements(args))
-    log(f"wheelhouse: {len(wheelhouse)} wheels, "
-        f"{sum(map(len, wheelhouse.values())) / 2**20:.1f} MiB")
+    log(
+        f"wheelhouse: {len(wheelhouse)} wheels, "
+        f"{sum(map(len, wheelhouse.values())) / 2**20:.1f} MiB"
+    )
     load_before = warn_if_loaded(log)
     results: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"mode {name}: {json.dumps(brief)}")
     report = {
         "meta": {
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "date": utc_now(),
             "machine": machine(),
             "tasks": args.tasks,
             "group": args.group,
@@ -152,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             "keep": args.keep,
             "node": os.environ.get("E2B_API_URL") or "a fresh harness node per mode",
             "argv": sys.argv[1:] if argv is None else argv,
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "loadavg_before": loadavg(load_before),
+            "loadavg_after": loadavg(),
         },
         "modes": results,
         "reductions": reductions(results),

@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.images.common import DEFAULT_CPU, DEFAULT_MEMORY_MB, Bench
 from bench.lifecycle_bench import BareEnvd, Row, log, rm_image
-from bench.node_bench import ms_since
+from bench.node_bench.common import ms_since
 
 #: Build log lines that open a phase (first match wins), in build order.
 MARKS = (

@@ -5,7 +5,7 @@ records, blobs, unpacked layers), then ``POST /sandboxes-cold`` → ``Sandbox.co
 ``commands.run("true")`` answered; (b) **cached**: the same again; (c) the bare pull: the
 node's own ``skopeo copy`` command line into an empty blob directory, then ``tar -xzf`` of
 each layer blob; (d) bare ``runsc run -detach`` + first ``runsc exec true`` over the same
-layer (``node_bench.BareRunsc``: the node's OCI config with ``sleep`` as init, no network,
+layer (``node_bench.bare.BareRunsc``: the node's OCI config with ``sleep`` as init, no network,
 on a hard-linked copy of the layer, so deleting the node's copy cannot touch it), and (e) a
 bare cold boot with envd as init until it listens (``lifecycle_bench.BareEnvd``). Every
 sandbox is killed (untimed) before the next step. The node's log gives the pull and unpack
@@ -40,7 +40,8 @@ from bench.images.common import (
     wait_unmounted,
 )
 from bench.lifecycle_bench import BareEnvd, Row, log, run_true
-from bench.node_bench import BareRunsc, ms_since
+from bench.node_bench.bare import BareRunsc
+from bench.node_bench.common import ms_since
 
 PHASES = ("slot", "rootfs", "boot", "envd_ready", "init")
 

@@ -41,7 +41,7 @@ from tests.server.harness import API_KEY, start_server
 
 from aenv.core.settings import Settings
 from bench.lifecycle_bench import LifecycleNode, Report, log
-from bench.node_bench import CGROUP_ROOT, NODE_CGROUP, ms_since
+from bench.node_bench.common import CGROUP_ROOT, NODE_CGROUP, ms_since
 
 #: The image store's log lines (storage/images.py): the line's timestamp (ms) and the
 #: duration it states (seconds with one decimal).

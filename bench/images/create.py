@@ -17,7 +17,7 @@ from typing import Any
 from bench.images.build import ensure_template
 from bench.images.common import Bench, wait_unmounted
 from bench.lifecycle_bench import Row, log, run_true
-from bench.node_bench import ms_since
+from bench.node_bench.common import ms_since
 
 #: Target from the issue: create from a built template <= 1.2x create from base.
 TARGET_RATIO = 1.2

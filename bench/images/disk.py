@@ -21,7 +21,7 @@ from typing import Any
 from bench.images.build import ensure_template
 from bench.images.common import MIB, Bench, du_bytes, memcg_bytes
 from bench.lifecycle_bench import Row, kill_all, log
-from bench.node_bench import ms_since
+from bench.node_bench.common import ms_since
 
 WRITE = "head -c 1048576 /dev/urandom > ~/blob && sync"
 
@@ -110,56 +110,69 @@ def measure_disk(b: Bench, count: int, batch: int) -> None:
     report.rows += [
         _stat(
             f"the image: {image.blob_bytes / MIB:.1f} MiB compressed, unpacked on disk",
-            "MiB", round(before["image_layers"] / MIB, 1),
+            "MiB",
+            round(before["image_layers"] / MIB, 1),
         ),
         _stat(
             "the template's own layers (COPY, RUN)",
-            "KiB", round(before["template_layers"] / 1024, 1),
+            "KiB",
+            round(before["template_layers"] / 1024, 1),
         ),
         _stat(
             "compressed blobs the node keeps after unpacking (<home>/blobs)",
-            "MiB", round(before["blobs"] / MIB, 1),
+            "MiB",
+            round(before["blobs"] / MIB, 1),
         ),
         _stat(
             "memory images (<home>/repository: base + the template)",
-            "MiB", round(before["repository"] / MIB, 1),
+            "MiB",
+            round(before["repository"] / MIB, 1),
         ),
         _stat(
             f"{n} sandboxes: created and 1 MiB written in each (wall, batches of {batch})",
-            "s", round(wall_ms / 1000, 1),
+            "s",
+            round(wall_ms / 1000, 1),
         ),
         _stat(
             f"image + template layers with {n} sandboxes alive (before: "
             f"{(before['image_layers'] + before['template_layers']) / MIB:.1f} MiB)",
-            "MiB", round((alive["image_layers"] + alive["template_layers"]) / MIB, 1),
+            "MiB",
+            round((alive["image_layers"] + alive["template_layers"]) / MIB, 1),
         ),
         _stat(
             f"overlay upper per sandbox (p50; max {max(uppers, default=0) / 1024:.0f} KiB)",
-            "KiB", round(upper_p50 / 1024, 1),
+            "KiB",
+            round(upper_p50 / 1024, 1),
         ),
         _stat(
             "<home>/sandboxes per sandbox (upper, work, record)",
-            "KiB", round(per["sandboxes_dir"] / 1024, 1),
+            "KiB",
+            round(per["sandboxes_dir"] / 1024, 1),
         ),
         _stat(
             "<home>/runtime per sandbox (runsc state, bundle, logs)",
-            "KiB", round(per["runtime_dir"] / 1024, 1),
+            "KiB",
+            round(per["runtime_dir"] / 1024, 1),
         ),
         _stat(
             "disk per sandbox beyond the shared layers (sandboxes + runtime)",
-            "KiB", round((per["sandboxes_dir"] + per["runtime_dir"]) / 1024, 1),
+            "KiB",
+            round((per["sandboxes_dir"] + per["runtime_dir"]) / 1024, 1),
         ),
         _stat(
             f"disk of all {n} sandboxes: image + layers + sandboxes + runtime "
             f"(naive: {n} copies of the image = {n * before['image_layers'] / MIB:.0f} MiB)",
-            "MiB", round(disk_alive / MIB, 1),
+            "MiB",
+            round(disk_alive / MIB, 1),
         ),
         _stat(
             "memory cgroup usage per sandbox, p50 (the 1 MiB write lives here)",
-            "MiB", round(statistics.median(memcg) / MIB, 1) if memcg else None,
+            "MiB",
+            round(statistics.median(memcg) / MIB, 1) if memcg else None,
         ),
         _stat(
             f"after killing them: uppers left {after['upper_count']}, <home>/sandboxes",
-            "KiB", round(after["sandboxes_dir"] / 1024, 1),
+            "KiB",
+            round(after["sandboxes_dir"] / 1024, 1),
         ),
     ]

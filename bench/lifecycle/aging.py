@@ -28,10 +28,7 @@ from bench.lifecycle.fork import (
 from bench.lifecycle.node import (
     LifecycleNode,
 )
-from bench.node_bench import (
-    MIB,
-    ms_since,
-)
+from bench.node_bench.common import MIB, ms_since
 
 # -- 5: aging ---------------------------------------------------------------------------------
 

@@ -21,10 +21,7 @@ from bench.lifecycle.common import (
     BARE_CGROUP,
     dir_bytes,
 )
-from bench.node_bench import (
-    _remove_cgroups,
-    ms_since,
-)
+from bench.node_bench.common import ms_since, remove_cgroups
 
 #: Bare sandboxes run on the node's default platform, as its own do.
 NODE_PLATFORM = str(Settings.model_fields["runsc_platform"].default)
@@ -53,8 +50,9 @@ class BareEnvd:
         self.lowers = lowers
         self.cpu_count = cpu_count
         self.memory_mb = memory_mb
-        self.flags = RunscConfig(root=self.dir / "root", network="none",
-                                 platform=NODE_PLATFORM).global_flags()
+        self.flags = RunscConfig(
+            root=self.dir / "root", network="none", platform=NODE_PLATFORM
+        ).global_flags()
         self.count = 0
         self.mounts: dict[str, Path] = {}  # cid → its merged rootfs
         self.live: set[str] = set()
@@ -188,7 +186,7 @@ class BareEnvd:
     def delete(self, cid: str) -> None:
         self._runsc("delete", "--force", cid, check=False)
         self.live.discard(cid)
-        _remove_cgroups(f"{BARE_CGROUP}/{cid}")
+        remove_cgroups(f"{BARE_CGROUP}/{cid}")
         merged = self.mounts.pop(cid, None)
         if merged is not None:
             subprocess.run(["umount", "-l", str(merged)], check=False)
@@ -200,7 +198,7 @@ class BareEnvd:
             self.delete(cid)
         for cid in list(self.mounts):
             self.delete(cid)
-        _remove_cgroups(BARE_CGROUP)
+        remove_cgroups(BARE_CGROUP)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

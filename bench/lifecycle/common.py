@@ -15,11 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.envd_bench import Latency
-from bench.node_bench import (
-    _kib,
-    ms_since,
-)
+from bench.envd_bench.common import Latency
+from bench.node_bench.common import ms_since
+from bench.node_bench.memory import kib_fields
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results" / "lifecycle.json"
@@ -165,7 +163,7 @@ def pss_mib(pids: set[int]) -> dict[str, float]:
     total = dict.fromkeys(names, 0)
     for pid in pids:
         try:
-            rollup = _kib(Path(f"/proc/{pid}/smaps_rollup"), names)
+            rollup = kib_fields(Path(f"/proc/{pid}/smaps_rollup"), names)
         except OSError:
             continue
         for key in names:

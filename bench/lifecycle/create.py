@@ -20,9 +20,7 @@ from bench.lifecycle.common import (
 from bench.lifecycle.node import (
     LifecycleNode,
 )
-from bench.node_bench import (
-    ms_since,
-)
+from bench.node_bench.common import ms_since
 
 # -- 1: create from template ------------------------------------------------------------------
 

@@ -28,9 +28,7 @@ from bench.lifecycle.fork import (
 from bench.lifecycle.node import (
     LifecycleNode,
 )
-from bench.node_bench import (
-    sandbox_pids,
-)
+from bench.node_bench.memory import sandbox_pids
 
 # -- 6: density -------------------------------------------------------------------------------
 

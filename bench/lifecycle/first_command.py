@@ -1,13 +1,13 @@
 """Part 8: ``commands.run("true")`` through the node on a warm sandbox, against spawning
 ``bash -l -c true`` inside the sandbox (a shell loop timed there with ``date +%s%N``, as
-bench/envd_bench.py's "bare spawn": neither envd nor the SDK is in it), run by run.
+bench.envd_bench.latency's "bare spawn": neither envd nor the SDK is in it), run by run.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from bench.envd_bench import in_sandbox_spawn_ms
+from bench.envd_bench.latency import in_sandbox_spawn_ms
 from bench.lifecycle.common import TARGET_COMMAND_SLACK_MS, Report, Row, log, run_true
 from bench.lifecycle.node import LifecycleNode
 

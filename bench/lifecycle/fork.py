@@ -30,11 +30,7 @@ from bench.lifecycle.common import (
 from bench.lifecycle.node import (
     LifecycleNode,
 )
-from bench.node_bench import (
-    NODE_CGROUP,
-    cgroup_cpu_ms,
-    ms_since,
-)
+from bench.node_bench.common import NODE_CGROUP, cgroup_cpu_ms, ms_since
 
 # -- 4: fork ----------------------------------------------------------------------------------
 

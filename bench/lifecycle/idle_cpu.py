@@ -13,11 +13,11 @@ import os
 import time
 from pathlib import Path
 
-from bench.envd_bench import Latency
+from bench.envd_bench.common import Latency
 from bench.lifecycle.bare import BareEnvd
 from bench.lifecycle.common import BARE_CGROUP, TARGET_IDLE_CPU_PCT, Report, Row, log, run_true
 from bench.lifecycle.node import LifecycleNode
-from bench.node_bench import sandbox_pids
+from bench.node_bench.memory import sandbox_pids
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: Before the window: the restore's and the first command's after-effects settle.

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import signal
 import sys
 import time
@@ -19,7 +17,7 @@ from tests.server.harness import kill_leaked
 
 from aenv.core.settings import Settings
 from bench.cli_args import apply_quick, warn_if_loaded
-from bench.envd_bench import machine
+from bench.header import arg_strings, loadavg, measured_on
 from bench.lifecycle.aging import (
     measure_aging,
 )
@@ -65,13 +63,8 @@ from bench.lifecycle.snapshot import (
 from bench.lifecycle.svg import (
     svg,
 )
-from bench.node_bench import (
-    MIB,
-    SERVER_LOG_LINES,
-    ms_since,
-    runsc_version,
-    sweep_slots,
-)
+from bench.node_bench.common import MIB, ms_since
+from bench.node_bench.node import SERVER_LOG_LINES, sweep_slots
 
 PARTS = ("create", "pause", "snapshot", "fork", "aging", "density", "idle_cpu", "command")
 
@@ -151,19 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     svg_path = args.svg or (out.with_suffix(".svg") if args.quick else SVG)
     only = set(args.only.split(","))
 
-    import e2b
-
     signal.signal(signal.SIGTERM, _sigterm)
     load_before = warn_if_loaded(log)
     report = Report(
         meta={
-            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": machine(),
-            "runsc": runsc_version(),
-            "python": platform.python_version(),
-            "sdk": getattr(e2b, "__version__", None) or "2.63.0",
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "loadavg_before": [round(x, 2) for x in load_before],
+            **measured_on(),
+            "args": arg_strings(args),
+            "loadavg_before": loadavg(load_before),
             "warm_pool_size": Settings.model_fields["warm_pool_size"].default,
             "precreate_pool_size": PRECREATE_POOL,
             "workspace": args.workspace,
@@ -245,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             SERVER_LOG_LINES["lifecycle"] = kept[-3000:]
             # Slots a node left prepared (its pool), swept by a node of the same range.
             sweep_slots(*node.net_range, report.errors)
-    report.meta["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    report.meta["loadavg_after"] = loadavg()
     report.meta["loadavg_during"] = loads
     report.meta["wall_s"] = round(ms_since(started) / 1000, 1)
     report.meta["server_log_lines"] = SERVER_LOG_LINES.get("lifecycle", [])

@@ -24,13 +24,8 @@ from bench.lifecycle.common import (
     WARM_READY_RE,
     log,
 )
-from bench.node_bench import (
-    PHASE_RE,
-    Node,
-    ms_since,
-    remove_home,
-    stop_node,
-)
+from bench.node_bench.common import ms_since
+from bench.node_bench.node import PHASE_RE, Node, remove_home, stop_node
 
 #: The product default (the harness's servers default to 0).
 PRECREATE_POOL = int(Settings.model_fields["precreate_pool_size"].default)
@@ -179,7 +174,7 @@ def start_node(workspace: str = "disk", name: str = "lifecycle") -> LifecycleNod
 
 
 def stop_lifecycle_node(node: LifecycleNode, errors: list[str]) -> None:
-    """``node_bench.stop_node``, which counts any mount under the home as a leftover: a node
+    """``node_bench.node.stop_node``, which counts any mount under the home as a leftover: a node
     with disk workspaces leaves its workspace pool (``<home>/workspaces``) mounted by design,
     so when nothing else of it is left the home is removed (unmounting it) without an error."""
     mine: list[str] = []

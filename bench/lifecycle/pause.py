@@ -30,11 +30,8 @@ from bench.lifecycle.common import (
 from bench.lifecycle.node import (
     LifecycleNode,
 )
-from bench.node_bench import (
-    MIB,
-    ms_since,
-    sandbox_pids,
-)
+from bench.node_bench.common import MIB, ms_since
+from bench.node_bench.memory import sandbox_pids
 
 # -- 2: pause / resume ------------------------------------------------------------------------
 

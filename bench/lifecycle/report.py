@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from bench.header import environment, load_line
 from bench.lifecycle.common import (
     PAUSE_HOT_S,
     REPO,
@@ -221,15 +222,10 @@ def table(rows: list[Row], with_issue: bool = False) -> list[str]:
 def markdown(report: Report) -> str:
     meta = report.meta
     lines = [
-        f"{meta['machine']['description']}; {meta['date']}; runsc {meta['runsc']}; "
-        f"client e2b {meta['sdk']} (Python {meta['python']}) on the same machine. "
+        f"{environment(meta)} on the same machine. "
         f"Node: {meta.get('workspace', 'disk')} workspaces, warm pool {meta['warm_pool_size']}, "
         f"pre-created pool {meta.get('precreate_pool_size')}, "
-        f"`AENV_PAUSE_HOT_S={PAUSE_HOT_S:g}`. "
-        f"Load average (1 min) before/after: {meta['loadavg_before'][0]}/"
-        f"{meta['loadavg_after'][0]}; at the start of each part: "
-        + ", ".join(f"{k} {v:.1f}" for k, v in meta.get("loadavg_during", {}).items())
-        + ".",
+        f"`AENV_PAUSE_HOT_S={PAUSE_HOT_S:g}`. {load_line(meta)}.",
         "",
         "Issue 11 (speed & density):",
         "",

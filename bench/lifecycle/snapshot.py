@@ -22,10 +22,7 @@ from bench.lifecycle.common import (
 from bench.lifecycle.node import (
     LifecycleNode,
 )
-from bench.node_bench import (
-    MIB,
-    ms_since,
-)
+from bench.node_bench.common import MIB, ms_since
 
 # -- 3: snapshots -----------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from tests.server.harness import start_server
 
 from aenv.storage.objects import Location, ObjectStore, PosixLocation
 from bench.lifecycle_bench import LifecycleNode, Report, Row, log
-from bench.node_bench import ms_since
+from bench.node_bench.common import ms_since
 
 MIB = 1 << 20
 #: Slots of the two nodes: S3, posix_fs.

@@ -26,7 +26,7 @@ from aenv.storage.blobs import blob_key
 from aenv.storage.manifest import SnapshotManifest
 from aenv.storage.objects import ObjectStore
 from bench.lifecycle_bench import Report, log, p50, run_true
-from bench.node_bench import ms_since
+from bench.node_bench.common import ms_since
 from bench.repository.common import BACKENDS, MIB, SNAPSHOT_RE, RepoNode, SizedRow
 
 SIZES_MIB = (0, 16, 64, 256)

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from bench.lifecycle_bench import Report, log, run_true
-from bench.node_bench import ms_since
+from bench.node_bench.common import ms_since
 from bench.repository.common import (
     BACKENDS,
     COMMITTED_RE,

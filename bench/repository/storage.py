@@ -43,7 +43,7 @@ from aenv.storage.layers import LayerStore, layer_id_for
 from aenv.storage.objects import CHUNK_BYTES, Location, ObjectStore, PosixLocation
 from aenv.storage.repository import IMAGE_FILES, SnapshotDraft, SnapshotRepository
 from bench.lifecycle_bench import Report, log
-from bench.node_bench import ms_since
+from bench.node_bench.common import ms_since
 from bench.repository.common import BACKENDS, MIB, SizedRow
 
 SIZES_MIB = (16, 64, 256)

@@ -9,7 +9,7 @@ Owns nothing on the node: it only reads ``/proc``, the node's cgroups and its ho
   every mode uses, so the RL pool is metered through the same calls as the hand-written loops.
 * **Memory GB-hours** (``Sampler``): every ``MEM_PERIOD_S`` the PSS of every host process of
   every sandbox in the ledger that is not killed yet (its cgroup in each v1 controller, plus
-  any process whose command line names it: ``bench/node_bench.py`` ``sandbox_pids``, done for
+  any process whose command line names it: ``bench.node_bench.memory.sandbox_pids``, done for
   all sandboxes in one ``/proc`` pass), summed; the run's GB-hours are the integral of that
   sum over time (GiB, 2^30 bytes). Split by the sandbox's state (running or paused).
 * **Disk** (``Sampler``): every ``DISK_PERIOD_S`` the bytes allocated under the node's home:
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aenv.client import AsyncClient, Forked, Sandbox
-from bench.node_bench import CGROUP_ROOT, NODE_CGROUP
+from bench.node_bench.common import CGROUP_ROOT, NODE_CGROUP
 
 #: Memory sampling period (s): short against a rollout of a few seconds.
 MEM_PERIOD_S = 0.5
@@ -178,7 +178,8 @@ def _pss_kib(pid: int) -> int:
 def sandbox_processes(
     ids: Mapping[str, str], cgroup_parent: str = NODE_CGROUP
 ) -> dict[str, set[int]]:
-    """Host processes of each sandbox in ``ids`` (as ``node_bench.sandbox_pids``, one pass)."""
+    """Host processes of each sandbox in ``ids``, as ``node_bench.memory.sandbox_pids``, in one
+    pass."""
     found: dict[str, set[int]] = {sid: set() for sid in ids}
     for controller in ("memory", "pids", "cpu"):
         for sid in ids:
