@@ -227,13 +227,6 @@ async def test_delete_of_a_snapshot_template(api: httpx.AsyncClient, node: Any) 
     assert "paused1" in node.repository.snapshots
 
 
-async def test_a_node_without_builds(api: httpx.AsyncClient, node: Any) -> None:
-    node.template_store = None
-    node.builder = None
-    assert "does not build" in _error(await api.post("/v3/templates", json={"name": "a"}), 400)
-    assert "not found" in _error(await api.delete("/templates/app"), 404)
-
-
 def test_one_timeout_check() -> None:
     settings = Settings(max_timeout_s=60, default_timeout_s=30)
     assert check_timeout(settings, 0) == 0 and check_timeout(settings, 60) == 60

@@ -59,11 +59,11 @@ async def request_build(node: Node, name: str, tags: Sequence[str], *, cpu_count
                         memory_mb: int | None) -> Requested:
     """``POST /v3/templates``: a new ``waiting`` build of template ``name[:tag]``.
 
-    Prerequisites: the node builds templates; ``name`` is a valid name other than ``base``.
+    Prerequisites: ``name`` is a valid name other than ``base``.
     On success: the template exists (made now, or found by name; its resources set to the
     request's or the node's defaults), a ``waiting`` build of it is recorded, and the tags
     asked for (``tags`` and the name's ``:tag``) are remembered for ``start_build``.
-    On failure: ``InvalidArgument`` (name or tag), ``FailedPrecondition``; nothing recorded.
+    On failure: ``InvalidArgument`` (name or tag); nothing recorded.
     Two requests making one name at once share the template (the loser finds the winner's).
     A crash between the template and its build leaves a template without builds, listed as
     ``waiting``; the client's retry adds the build to it.
@@ -152,7 +152,7 @@ async def start_build(node: Node, template_id: str, build_id: str, source: Build
     On success: the plan is valid, a Dockerfile's warnings are in the build's log, and the
     builder runs it with the tags ``request_build`` remembered; its status tells the rest.
     On failure: ``NotFound`` (template or build), ``Conflict`` (already started),
-    ``InvalidArgument`` (the plan, or files not uploaded), ``FailedPrecondition``; the build
+    ``InvalidArgument`` (the plan, or files not uploaded); the build
     stays ``waiting`` and may be started again.
     A crash once the builder has it leaves the build ``waiting`` or ``building``, which the
     next start marks ``error`` (``builder.recover``).
@@ -187,7 +187,7 @@ async def build_status(node: Node, template_id: str, build_id: str, *, offset: i
     Prerequisites: the build exists; ``level`` is one of ``LOG_LEVELS`` or None (all).
     On success: the build as it is now and up to ``limit`` log lines numbered from
     ``offset`` (a line's number never changes, so polling never misses or repeats one).
-    On failure: ``NotFound``, ``InvalidArgument`` (level), ``FailedPrecondition``. Reads only.
+    On failure: ``NotFound``, ``InvalidArgument`` (level). Reads only.
     """
     store, _ = building(node)
     record = await require_template(store, template_id)

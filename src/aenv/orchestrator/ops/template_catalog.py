@@ -52,7 +52,7 @@ async def require_template(store: TemplateStore, template_id: str) -> TemplateRe
 async def find_alias(node: Node, alias: str) -> TemplateRecord:
     """The template an alias (a name) names.
 
-    Prerequisites: the node builds templates. On success: its record.
+    Prerequisites: none. On success: its record.
     On failure: ``NotFound`` ("template alias ... not found").
     """
     record = await building(node)[0].get_template(split_name(alias)[0])
@@ -74,7 +74,7 @@ class TemplateSummary:
 async def list_templates(node: Node) -> list[TemplateSummary]:
     """Every built template, newest first.
 
-    Prerequisites: the node builds templates. On success: one summary per template.
+    Prerequisites: none. On success: one summary per template.
     On failure: none expected. Reads only.
     """
     store, _ = building(node)
@@ -90,7 +90,7 @@ async def list_templates(node: Node) -> list[TemplateSummary]:
 async def list_tags(node: Node, template_id: str) -> list[tuple[str, str, float]]:
     """``(tag, build_id, created_at)`` of a template, oldest first.
 
-    Prerequisites: the node builds templates. On success: its tags.
+    Prerequisites: none. On success: its tags.
     On failure: ``NotFound`` (no such template). Reads only.
     """
     store, _ = building(node)
@@ -101,10 +101,10 @@ async def list_tags(node: Node, template_id: str) -> list[tuple[str, str, float]
 async def assign_tags(node: Node, target: str, tags: list[str]) -> str:
     """Point ``tags`` at the build ``target`` (``name[:tag]``, the default tag if none) names.
 
-    Prerequisites: the node builds templates; every tag is well formed.
+    Prerequisites: every tag is well formed.
     On success: the build id; each tag now names that build (moved if it named another).
     On failure: ``NotFound`` (no such template, or no build with that tag), ``InvalidArgument``
-    (a malformed tag), ``FailedPrecondition``; no tag has moved.
+    (a malformed tag); no tag has moved.
     """
     store, _ = building(node)
     name, tag = split_name(target)
@@ -120,10 +120,10 @@ async def assign_tags(node: Node, target: str, tags: list[str]) -> str:
 async def delete_tags(node: Node, name: str, tags: list[str]) -> None:
     """Remove ``tags`` from template ``name`` (tags it does not have are no error).
 
-    Prerequisites: the node builds templates; ``default`` is not among the tags.
+    Prerequisites: ``default`` is not among the tags.
     On success: none of the tags names a build of the template any more; builds stay.
     On failure: ``NotFound`` (no such template), ``InvalidArgument`` (the default tag, which
-    always follows the newest ready build), ``FailedPrecondition``; no tag was removed.
+    always follows the newest ready build); no tag was removed.
     """
     store, _ = building(node)
     record = await require_template(store, name)

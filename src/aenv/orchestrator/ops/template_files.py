@@ -45,7 +45,7 @@ async def upload_target(node: Node, template_id: str, files_hash: str) -> Upload
 
     Prerequisites: the template exists; ``files_hash`` is 64 lowercase hex digits.
     On success: the template's id and whether the files are here already.
-    On failure: ``NotFound``, ``InvalidArgument`` (hash), ``FailedPrecondition``. Reads only.
+    On failure: ``NotFound``, ``InvalidArgument`` (hash). Reads only.
     """
     store, builder = building(node)
     record = await require_template(store, template_id)
@@ -63,7 +63,7 @@ async def receive_files(node: Node, files_hash: str, chunks: AsyncIterable[bytes
     On success: ``<files_dir>/<files_hash>`` holds the bytes, synced (a second upload of the
     same hash replaces it whole).
     On failure: ``InvalidArgument`` (hash), ``NotEnoughSpace`` (507: over the limit, declared
-    or sent), ``FailedPrecondition``, ``OSError`` (the disk); no partial file is left, and
+    or sent), ``OSError`` (the disk); no partial file is left, and
     the hash's file is whole or absent (a cancel during the final sync may still complete it).
     A crash leaves a ``.upload-*`` file, removed at the next start.
     """
