@@ -10,7 +10,8 @@ import pytest
 from aenv.core import proc
 from aenv.core.errors import CommandError, Conflict, InvalidArgument, NotFound
 from aenv.storage.layers import Layer, LayerStore, layer_id_for
-from aenv.storage.rootfs import MAX_LOWERS, RootfsStore
+from aenv.storage.overlay import MAX_LOWERS
+from aenv.storage.rootfs import RootfsStore
 from tests.storage.conftest import files_in, make_tree, mounts_under, needs_root, snapshot_tree
 
 pytestmark = [pytest.mark.anyio, needs_root]

@@ -11,13 +11,9 @@ from aenv.core import proc
 from aenv.core.errors import FailedPrecondition
 from aenv.storage.layers import LayerStore, layer_id_for
 from aenv.storage.rootfs import RootfsStore
-from aenv.templates.base import (
-    BaseRecipe,
-    _MmdebstrapProgress,
-    _Reporter,
-    base_recipe,
-)
+from aenv.templates.base import BaseRecipe, _Reporter, base_recipe
 from aenv.templates.busybox import build_busybox
+from aenv.templates.mmdebstrap import MmdebstrapProgress
 from tests.storage.conftest import needs_busybox, needs_root
 
 pytestmark = pytest.mark.anyio
@@ -104,7 +100,7 @@ I: success in 70.5 seconds
 def test_mmdebstrap_log_becomes_monotonic_progress() -> None:
     seen: list[tuple[str, float | None]] = []
     now = [0.0]
-    parser = _MmdebstrapProgress(_Reporter(lambda m, f: seen.append((m, f))), lambda: now[0])
+    parser = MmdebstrapProgress(_Reporter(lambda m, f: seen.append((m, f))), lambda: now[0])
     for line in _LOG.splitlines():
         parser.feed(line)
         if line.startswith("I: extracting"):

@@ -261,7 +261,7 @@ async def test_a_detach_ends_when_the_file_system_has_ended_not_at_its_unmount(
 
 async def test_an_image_whose_file_system_lives_on_is_not_attached_twice(
         store: WorkspaceStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("aenv.storage.workspaces.RELEASE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr("aenv.storage.workspace_mounts.RELEASE_TIMEOUT_S", 0.3)
     ws = await store.create("alive", 64)
     mnt = await store.attach("alive")
     holder = _hold_in_own_mount_namespace(mnt / "upper" / "held")

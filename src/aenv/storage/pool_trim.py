@@ -8,9 +8,10 @@ this: a file deleted there frees host space at once.
 Every layer a freed block crosses on its way back to the host, and what carries it:
 
 1. A guest deletes a file: the gofer unlinks it in the sandbox's overlay upper, on the ext4 of
-   the sandbox's image, mounted ``discard`` (:data:`aenv.storage.workspaces.EXT4_MOUNT_OPTIONS`):
-   ext4 discards the extents at its next journal commit (≤ 5 s), and the sandbox's loop device
-   turns each discard into a hole punched in its image file. The pool XFS has the blocks back.
+   the sandbox's image, mounted ``discard``
+   (:data:`aenv.storage.workspace_mounts.EXT4_MOUNT_OPTIONS`): ext4 discards the extents at its
+   next journal commit (≤ 5 s), and the sandbox's loop device turns each discard into a hole
+   punched in its image file. The pool XFS has the blocks back.
 2. A sandbox's image is deleted (kill), or a fork child's, a snapshot's or a pinned clone: the
    pool XFS has the blocks back.
 3. From the pool XFS to the host: only a discard from XFS makes the pool's loop device punch the

@@ -9,14 +9,8 @@ runtime keeps its bundle and logs next to them)::
     rootfs.json   which lowers the upper was created over (absolute paths, lowest first)
 
 The lowers (layer directories, normally from :class:`aenv.storage.layers.LayerStore`) are shared
-by every sandbox and never written: the kernel writes only to upper/ and work/.
-
-Mounts are made with ``mount -t overlay`` through :func:`aenv.core.proc.run` rather than the
-mount syscall through ctypes: a mount costs ~2 ms of fork/exec next to a sandbox boot of hundreds,
-util-linux reports errors in words we can pass on, and there is no hand-written syscall ABI to
-get wrong. Lower paths are passed relative to their common parent (``cwd`` of the mount
-command) because the legacy mount(2) call copies at most one page of options: with 64-character
-layer ids that leaves room for ~60 lowers, above which the chain must be compacted.
+by every sandbox and never written: the kernel writes only to upper/ and work/. Which lowers an
+overlay can stack, and the mount itself, are :mod:`aenv.storage.overlay`'s.
 
 The mount table (``/proc/self/mountinfo``) is the truth for what is mounted, ``rootfs.json`` for
 what an upper belongs to; both survive a server restart, so recovery is :meth:`list_mounted`
@@ -35,15 +29,15 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aenv.core import proc
 from aenv.core.errors import Conflict, InvalidArgument, NotFound
 from aenv.storage.exchange import exchange
-from aenv.storage.mounts import MOUNT_TIMEOUT_S, read_mountinfo, unmount
+from aenv.storage.mounts import read_mountinfo, unmount
+from aenv.storage.overlay import check_lowers, mount_overlay
 from aenv.storage.user_dirs import prepare_user_dirs
 
 if TYPE_CHECKING:
@@ -53,22 +47,9 @@ log = logging.getLogger("aenv.storage.rootfs")
 
 #: Sandbox ids become path components: letters, digits, ``_.-``, not starting with a dot.
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-#: Characters overlayfs would parse inside a lowerdir list (``:`` separates lowers, ``,``
-#: options, ``\\`` escapes) or that mountinfo escapes; layer paths never need them.
-_BAD_PATH_CHARS = re.compile(r"[:,\\\s]")
-#: The legacy mount(2) syscall copies at most one page of option data, NUL included.
-MOUNT_OPTIONS_MAX = 4095
-#: overlayfs refuses deeper stacks (OVL_MAX_STACK in fs/overlayfs).
-MAX_LOWERS = 500
 #: Stacked mounts on one mount point can only come from a bug or an outside actor; we peel off
 #: at most this many before giving up, so a misbehaving mount table cannot loop us forever.
 _MAX_STACKED = 8
-#: Fixed options: no index (lowers are shared by many overlays and an upper must be mountable
-#: over other lowers later), and neither metacopy nor redirect_dir, so that an upper stays a
-#: self-contained tree that can be sealed into a portable lower layer.
-_OVERLAY_OPTIONS = "index=off,metacopy=off,redirect_dir=off"
-#: Source field of our mounts: makes them recognisable in ``mount`` output.
-_MOUNT_SOURCE = "aenv"
 
 
 def check_sandbox_id(sandbox_id: str) -> str:
@@ -231,8 +212,9 @@ class RootfsStore:
         then each layer on top of it (overlayfs' ``lowerdir=`` wants the reverse; we flip it).
 
         Prerequisites: every lower is an existing directory without ``:``, ``,``, ``\\`` or
-        whitespace in its path; at most ``MAX_LOWERS`` and short enough to fit one page of mount
-        options (compact longer chains); we are root; no other operation on this sandbox runs.
+        whitespace in its path; at most :data:`~aenv.storage.overlay.MAX_LOWERS` and short
+        enough to fit one page of mount options (compact longer chains); we are root; no other
+        operation on this sandbox runs.
         On success: the merged directory ``<root>/<id>/rootfs`` is mounted and returned. An
         existing upper is reused (so unmount + assemble keeps the sandbox's files). Idempotent:
         if the rootfs is already mounted over the same lowers, it is returned as is. A fresh
@@ -280,7 +262,7 @@ class RootfsStore:
         record = fresh or recorded is None
         await asyncio.to_thread(self._prepare, paths, wanted, write_record=record)
         try:
-            await self._mount(paths, wanted)
+            await mount_overlay(wanted, paths.upper, paths.work, paths.rootfs)
             if fresh:
                 await asyncio.to_thread(prepare_user_dirs, paths.rootfs)
         except BaseException:
@@ -329,7 +311,7 @@ class RootfsStore:
         lowers = check_lowers(recorded)
         _make_dir(paths.work, 0o700)
         _make_dir(paths.rootfs, 0o755)
-        await self._mount(paths, lowers)
+        await mount_overlay(lowers, paths.upper, paths.work, paths.rootfs)
         return paths.rootfs
 
     async def adopt(self, sandbox_id: str, donor_id: str) -> Path:
@@ -422,46 +404,6 @@ class RootfsStore:
             raise Conflict(f"sandbox {sandbox_id} still has mounts inside it: {leftover}")
         await asyncio.to_thread(_remove_pieces, paths)
 
-    async def _mount(self, paths: SandboxPaths, lowers: list[Path]) -> None:
-        parent = common_parent(lowers)
-        lowerdir = ":".join(os.path.relpath(p, parent) for p in reversed(lowers))
-        options = (
-            f"lowerdir={lowerdir},upperdir={paths.upper},workdir={paths.work},{_OVERLAY_OPTIONS}"
-        )
-        if len(options.encode()) > MOUNT_OPTIONS_MAX:
-            raise InvalidArgument(
-                f"{len(lowers)} layers do not fit in one overlay mount ({len(options)} bytes of "
-                f"options, max {MOUNT_OPTIONS_MAX}); compact the layer chain"
-            )
-        argv = ["mount", "-t", "overlay", _MOUNT_SOURCE, "-o", options, str(paths.rootfs)]
-        await proc.run(argv, timeout=MOUNT_TIMEOUT_S, cwd=parent)
-
-
-def check_lowers(lowers: Iterable[Path]) -> list[Path]:
-    checked: list[Path] = []
-    for lower in lowers:
-        path = Path(os.path.realpath(lower))
-        if _BAD_PATH_CHARS.search(str(path)):
-            raise InvalidArgument(f"layer path {str(path)!r} has characters overlayfs cannot take")
-        if not path.is_dir():
-            raise NotFound(f"layer directory {path} does not exist")
-        checked.append(path)
-    if not checked:
-        raise InvalidArgument("a rootfs needs at least one layer")
-    if len(checked) > MAX_LOWERS:
-        raise InvalidArgument(f"{len(checked)} layers exceed overlayfs' limit of {MAX_LOWERS}")
-    if len(set(checked)) != len(checked):
-        raise InvalidArgument("the same layer appears twice in one rootfs")
-    return checked
-
-
-def common_parent(lowers: Sequence[Path]) -> Path:
-    common = Path(os.path.commonpath([str(p) for p in lowers]))
-    # With one lower (or lowers nested in one another) the common path is a lower itself;
-    # relative names are taken from its parent so that none of them is "." .
-    if common in lowers:
-        common = common.parent
-    return common
 
 
 def _show(lowers: Sequence[Path] | None) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aenv.core import proc
 from aenv.storage.mounts import MOUNT_TIMEOUT_S, unmount
-from aenv.storage.rootfs import check_lowers, common_parent
+from aenv.storage.overlay import check_lowers, common_parent
 
 
 @contextlib.asynccontextmanager

@@ -16,9 +16,9 @@ file with ``FICLONE`` whatever the number of files inside. Images appear only by
 complete, fsynced file from ``.staging`` (no clobbering), so a crash never leaves a half image
 under a sandbox id; :meth:`WorkspaceStore.clean_staging` sweeps the leftovers.
 
-Attached = loop device (``losetup --direct-io=on``) + ext4 mount at ``workspaces-mnt/<id>``; the
-loop device is released right after the mount (autoclear), so unmounting frees it. The mount
-table and ``/sys/block/loop*`` are the truth for what is attached; :meth:`observe` reads both for
+Attached = loop device + ext4 mount at ``workspaces-mnt/<id>``
+(:mod:`aenv.storage.workspace_mounts` does the mounting, freezing and thawing). The mount table
+and ``/sys/block/loop*`` are the truth for what is attached; :meth:`observe` reads both for
 crash recovery, and every clean-up step counts "already gone" as done. Callers serialize
 operations on one sandbox (the orchestrator's state machine does), except that a
 publish of a paused sandbox may clone its disk meanwhile: every attach, detach, clone and
@@ -44,7 +44,6 @@ import errno
 import logging
 import os
 import secrets
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +51,6 @@ from aenv.core import proc
 from aenv.core.errors import (
     AlreadyExists,
     CommandError,
-    Conflict,
     FailedPrecondition,
     InvalidArgument,
     NotEnoughSpace,
@@ -62,40 +60,34 @@ from aenv.core.keyed_locks import KeyedLocks
 from aenv.storage import ext4_resize, loopdev, workspace_state
 from aenv.storage.files import fsync_dirs, listdir
 from aenv.storage.host_disk import DiskUsage, Watermark
-from aenv.storage.mounts import MOUNT_TIMEOUT_S, read_mountinfo, unmount
+from aenv.storage.mounts import read_mountinfo
 from aenv.storage.pool_trim import PoolTrimmer
 from aenv.storage.reflink_fs import NotReflinkable, ReflinkPool, ficlone
 from aenv.storage.rootfs import check_sandbox_id
+from aenv.storage.workspace_mounts import (
+    freeze,
+    mount_image,
+    mounted_device,
+    thaw,
+    unmount_image,
+)
 from aenv.storage.workspace_state import BLANK as _BLANK
 from aenv.storage.workspace_state import STAGING as _STAGING
 from aenv.storage.workspace_state import SUFFIX as _SUFFIX
 from aenv.storage.workspace_state import WorkspaceObservation
 
-#: Names of the overlay directories inside a mounted workspace.
-UPPER = "upper"
-WORK = "work"
 #: mkfs.ext4 needs a few MiB for its journal and metadata; E2B's smallest disk is far above.
 MIN_SIZE_MB = 32
 MAX_SIZE_MB = 16 << 20  # 16 TiB, ext4's limit with 4 KiB blocks
 #: mkfs.ext4 of a sparse 5 GiB file takes ~20 ms; a minute means a hung pool.
 MKFS_TIMEOUT_S = 60.0
-#: A freeze writes back everything the sandbox left dirty; a minute covers GBs.
-FREEZE_TIMEOUT_S = 60.0
-#: Inner filesystem options: ``discard`` turns guest deletes into holes in the image (pool space
-#: comes back, workspace-reflink.md §1); ``noatime`` spares a metadata write per read.
-EXT4_MOUNT_OPTIONS = "noatime,discard"
 #: ``-m 0``: the whole disk is the guest's (reserved blocks need CAP_SYS_RESOURCE to reach);
 #: ``-b 4096``: mke2fs would choose 1 KiB blocks below 512 MiB. On a file, mke2fs zeroes by
 #: discard (hole punch), so inode tables are marked zeroed and no lazyinit thread writes later.
 _MKFS_EXT4_ARGS = ("-q", "-F", "-m", "0", "-b", "4096", "-L", "aenv-ws")
-#: An ext4 ends within milliseconds of its last unmount on a quiet host (the kernel finishes
-#: it from a workqueue: :func:`aenv.storage.loopdev.wait_released`); longer means something
-#: still holds it, and attaching the image again would mount it twice.
-RELEASE_TIMEOUT_S = 30.0
-_SLOW_RELEASE_S = 1.0
+#: A deleted image's file system may outlive its unmount a moment; a kill waits this long for
+#: it only to leave no loop device behind (nothing can attach a deleted image).
 _REMOVE_RELEASE_S = 2.0
-#: What fsfreeze says when thawing a filesystem that is not frozen: nothing to do.
-_NOT_FROZEN = "Invalid argument"
 
 log = logging.getLogger("aenv.storage.workspaces")
 
@@ -159,7 +151,7 @@ class WorkspaceStore:
 
     def is_attached(self, sandbox_id: str) -> bool:
         """Whether the workspace is mounted at its mount point."""
-        return self._mounted_device(self.mount_point(sandbox_id)) is not None
+        return mounted_device(self.mount_point(sandbox_id)) is not None
 
     def committed_bytes(self) -> int:
         """The most the pool's files can ever occupy (:func:`workspace_state.committed_bytes`)."""
@@ -259,15 +251,13 @@ class WorkspaceStore:
         async with self._ops.hold(src_id):
             source = self.get(src_id).image
             mount_point = self.mount_point(src_id)
-            if self._mounted_device(mount_point) is None:
+            if mounted_device(mount_point) is None:
                 return await self._clone_detached(src_id, dest)
-            fsfreeze = loopdev.require_tool("fsfreeze", "util-linux")
             try:
-                await proc.run([fsfreeze, "--freeze", str(mount_point)],
-                               timeout=FREEZE_TIMEOUT_S)
+                await freeze(mount_point)
                 return await self._clone_to(source, dest)
             finally:
-                await asyncio.shield(self._thaw(mount_point))
+                await asyncio.shield(thaw(mount_point))
 
     async def grow(self, sandbox_id: str, size_mb: int) -> Workspace:
         """Make ``sandbox_id``'s disk ``size_mb`` MiB.
@@ -289,7 +279,7 @@ class WorkspaceStore:
                     f"cannot resize {sandbox_id}'s {ws.size_mb} MiB disk to {size_mb}"
                 )
             what = f"{sandbox_id}'s disk"
-            device = self._mounted_device(self.mount_point(sandbox_id))
+            device = mounted_device(self.mount_point(sandbox_id))
             if device is not None:
                 ext4_resize.refuse_online_without_cap(what)
             async with self._admit:
@@ -317,31 +307,7 @@ class WorkspaceStore:
         async with self._ops.hold(sandbox_id):
             image = self.get(sandbox_id).image
             mount_point = self.mount_point(sandbox_id)
-            device = self._mounted_device(mount_point)
-            if device is not None:
-                if device not in {loop.device for loop in loopdev.loops_backed_by(image)}:
-                    raise Conflict(f"{mount_point} has {device} mounted, not the workspace {image}")
-                await self._thaw(mount_point)
-                self._make_dirs(mount_point)
-                return mount_point
-            sources = {m.source for m in read_mountinfo()}
-            for loop in loopdev.loops_backed_by(image):
-                if loop.device in sources:
-                    raise Conflict(f"workspace {image} is mounted elsewhere ({loop.device})")
-                await loopdev.detach(loop.device)
-            await self._wait_released(sandbox_id, image)
-            mount_point.mkdir(parents=True, exist_ok=True)
-            device = await loopdev.attach(image, direct_io=True)
-            try:
-                await proc.run(
-                    ["mount", "-t", "ext4", "-o", EXT4_MOUNT_OPTIONS, device, str(mount_point)],
-                    timeout=MOUNT_TIMEOUT_S,
-                )
-            except BaseException:
-                await asyncio.shield(loopdev.detach(device))
-                raise
-            await loopdev.release(device)
-            self._make_dirs(mount_point)
+            await mount_image(sandbox_id, image, mount_point)
             return mount_point
 
     async def detach(self, sandbox_id: str, *, settle: bool = True) -> None:
@@ -352,25 +318,15 @@ class WorkspaceStore:
         device on the image, which means the file system has ended and its data is on the
         image. Without it (the image is deleted next) the device may linger a moment.
         On failure: :class:`Conflict` if the mount is busy, or the file system has not ended
-        within ``RELEASE_TIMEOUT_S`` (the image is then not attached again until it has);
-        ``CommandError`` otherwise.
+        within :data:`~aenv.storage.workspace_mounts.RELEASE_TIMEOUT_S` (the image is then not
+        attached again until it has); ``CommandError`` otherwise.
         """
         async with self._ops.hold(sandbox_id):
             await self._detach(sandbox_id, settle=settle)
 
     async def _detach(self, sandbox_id: str, *, settle: bool) -> None:
-        image = self.image_path(sandbox_id)
-        mount_point = self.mount_point(sandbox_id)
-        if self._mounted_device(mount_point) is not None:
-            # A frozen filesystem would hang the unmount's final sync.
-            await self._thaw(mount_point)
-            await unmount(str(mount_point), lazy=False, what=f"workspace of {sandbox_id}")
-        for loop in loopdev.loops_backed_by(image):
-            await loopdev.detach(loop.device)
-        if settle:
-            await self._wait_released(sandbox_id, image)
-        with contextlib.suppress(FileNotFoundError):
-            mount_point.rmdir()
+        await unmount_image(sandbox_id, self.image_path(sandbox_id),
+                            self.mount_point(sandbox_id), settle=settle)
         # The ext4's last discards (holes in its image) went out at its unmount.
         self.trimmer.request()
 
@@ -406,40 +362,6 @@ class WorkspaceStore:
                 (self.pool.path / _STAGING / name).unlink()
 
     # -- inside -------------------------------------------------------------------------------
-
-    async def _wait_released(self, sandbox_id: str, image: Path) -> None:
-        started = time.monotonic()
-        left = await loopdev.wait_released(image, RELEASE_TIMEOUT_S)
-        waited = time.monotonic() - started
-        if left:
-            raise Conflict(
-                f"the workspace of sandbox {sandbox_id} is still in use by the kernel "
-                f"{waited:.0f} s after its unmount ({', '.join(loop.device for loop in left)}); "
-                "it is attached again only once that has ended: retry later")
-        if waited > _SLOW_RELEASE_S:
-            log.warning("the workspace of %s ended %.2f s after its unmount", sandbox_id, waited)
-
-    def _mounted_device(self, mount_point: Path) -> str | None:
-        device = None
-        for m in read_mountinfo():
-            if m.mount_point == str(mount_point):
-                device = m.source  # the last one is on top
-        return device
-
-    def _make_dirs(self, mount_point: Path) -> None:
-        for name in (UPPER, WORK):
-            path = mount_point / name
-            with contextlib.suppress(FileExistsError):
-                path.mkdir()
-                path.chmod(0o755)  # the upper's root is the sandbox's "/": never let umask decide
-
-    async def _thaw(self, mount_point: Path) -> None:
-        fsfreeze = loopdev.require_tool("fsfreeze", "util-linux")
-        try:
-            await proc.run([fsfreeze, "--unfreeze", str(mount_point)], timeout=FREEZE_TIMEOUT_S)
-        except CommandError as exc:
-            if _NOT_FROZEN not in exc.stderr:
-                raise
 
     async def _blank(self, size_mb: int) -> Path:
         blank = self.pool.path / _BLANK / f"{size_mb}{_SUFFIX}"

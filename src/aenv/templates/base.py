@@ -11,7 +11,8 @@ Essential and required packages) plus the tools agents expect from E2B's base im
 pip and venv, git, curl, sudo, ...), without docs, man pages and translations, like the
 ``-slim`` images. A customization script then adds the user ``user`` (uid/gid 1000, passwordless
 sudo), hostname, hosts, a resolver placeholder and C.UTF-8 defaults. mmdebstrap's status log is
-followed while it runs and turned into ``on_progress(message, fraction)`` calls.
+followed while it runs and turned into ``on_progress(message, fraction)`` calls
+(:mod:`aenv.templates.mmdebstrap`).
 
 Change :data:`BASE_BUILDER_VERSION` whenever the Python code
 here changes what ends up in a layer: the recipe hash covers the package list, sources, script
@@ -20,14 +21,9 @@ text and tool version, but not this module's code.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
-import math
 import os
 import platform
-import re
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aenv.core import proc
-from aenv.core.errors import CommandError, FailedPrecondition
+from aenv.core.errors import FailedPrecondition
 from aenv.storage.layers import Layer, LayerStore, layer_id_for
+from aenv.templates.mmdebstrap import MmdebstrapProgress, mmdebstrap_version, run_following
 
 #: ``on_progress(message, fraction)``: fraction in [0, 1] and never decreasing, or ``None`` when
 #: a message carries no estimate. Called from the event loop thread; it must not block.
@@ -137,7 +133,7 @@ export LANG="${{LANG:-C.UTF-8}}"
 EOF
 
 # Login shells without sub-processes: the E2B SDK runs every command as "bash -l -c", and
-# under gVisor each fork+exec costs ~20 ms, so Debian's "$(id -u)" in /etc/profile and root's
+# in a sandbox each fork+exec costs ~20 ms, so Debian's "$(id -u)" in /etc/profile and root's
 # "mesg n" (a no-op without a terminal) would triple the cost of a trivial command. bash has
 # $EUID; other shells (dash: no EUID) still ask id. Both files are admin-owned (base-files
 # installs them only when missing and leaves edited ones alone).
@@ -220,7 +216,7 @@ async def base_recipe(recipe: BaseRecipe | None = None) -> dict[str, Any]:
         "sources": recipe.sources(),
         "packages": sorted(set(recipe.packages)),
         "dpkg_options": list(recipe.dpkg_options),
-        "mmdebstrap": await _mmdebstrap_version(),
+        "mmdebstrap": await mmdebstrap_version(),
         "customize_sha256": hashlib.sha256(recipe.customize_script.encode()).hexdigest(),
     }
 
@@ -279,86 +275,13 @@ async def build_base(
                 *recipe.sources(),
             ]
             report(f"building Debian {recipe.suite} with mmdebstrap", 0.01)
-            await _run_following(argv, log, _MmdebstrapProgress(report), timeout)
+            await run_following(argv, log, MmdebstrapProgress(report), timeout)
             report("measuring and committing the layer", 0.98)
             layer = await store.put_from_dir(staging, layer_id, recipe=full)
     seconds = time.monotonic() - started
     size_mb = (layer.meta.size_bytes or 0) / 1e6
     report(f"base template ready: {size_mb:.0f} MB, built in {seconds:.0f} s", 1.0)
     return BuildResult(layer, True, seconds)
-
-
-# -- mmdebstrap plumbing ----------------------------------------------------------------------
-
-
-async def _mmdebstrap_version() -> str:
-    if shutil.which("mmdebstrap") is None:
-        raise FailedPrecondition("mmdebstrap is not installed (apt-get install mmdebstrap)")
-    try:
-        done = await proc.run(["mmdebstrap", "--version"], timeout=30.0)
-    except CommandError as exc:
-        raise FailedPrecondition(f"mmdebstrap does not run: {exc.message}") from exc
-    return done.text.strip()
-
-
-async def _run_following(
-    argv: list[str], log: Path, progress: _MmdebstrapProgress, timeout: float
-) -> None:
-    """Run mmdebstrap while feeding each new line of its log file to ``progress``.
-
-    ``proc.run`` captures output only at the end; mmdebstrap's ``--logfile`` lets us follow
-    it live instead, from a task that polls the file.
-    """
-    stop = asyncio.Event()
-    follower = asyncio.create_task(_follow(log, stop, progress))
-    try:
-        await proc.run(argv, timeout=timeout)
-    except CommandError as exc:
-        stop.set()
-        await follower
-        # With --logfile mmdebstrap's stderr is empty; the reason is at the end of the log.
-        detail = f"{exc.stderr.strip()}\n--- end of mmdebstrap's log ---\n{_tail(log)}"
-        raise type(exc)(exc.argv, exc.returncode, detail) from exc
-    except BaseException:
-        follower.cancel()
-        raise
-    stop.set()
-    await follower
-
-
-async def _follow(path: Path, stop: asyncio.Event, progress: _MmdebstrapProgress) -> None:
-    while not path.exists():  # mmdebstrap creates the log only once it has parsed its options
-        if stop.is_set():
-            return
-        await _wait(stop, 0.25)
-    with open(path, "rb") as handle:
-        pending = b""
-        while True:
-            stopping = stop.is_set()  # read once more after the writer is done
-            pending += handle.read()
-            # apt draws progress with carriage returns; each redraw counts as a line.
-            *lines, pending = re.split(rb"[\r\n]", pending)
-            for raw in lines:
-                if raw.strip():
-                    progress.feed(raw.decode("utf-8", "replace"))
-            if stopping:
-                if pending.strip():
-                    progress.feed(pending.decode("utf-8", "replace"))
-                return
-            progress.tick()
-            await _wait(stop, 0.25)
-
-
-async def _wait(event: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout=seconds)
-
-
-def _tail(log: Path, limit: int = 4000) -> str:
-    try:
-        return log.read_text(errors="replace")[-limit:]
-    except OSError:
-        return ""
 
 
 class _Reporter:
@@ -373,133 +296,3 @@ class _Reporter:
             self._fraction = max(self._fraction, min(1.0, fraction))
         if self._callback is not None:
             self._callback(message, self._fraction if fraction is not None else None)
-
-
-@dataclass(frozen=True)
-class _Phase:
-    #: Start of mmdebstrap's "I: ..." line that opens the phase.
-    marker: str
-    start: float
-    end: float
-    #: What to count inside the phase, with each kind's share of the phase: apt downloads
-    #: ("Get:"), dpkg unpacks and configures. Phases without counts creep forward on a timer.
-    counts: tuple[tuple[str, float], ...] = ()
-    #: Typical duration of a phase without counts, for the timer (seconds).
-    expected_s: float = 5.0
-
-
-#: Where each of mmdebstrap's phases sits on the bar; widths follow measured durations of a
-#: cold build (~70 s: extracting the essential set ~30%, configuring the rest ~40%).
-_PHASES: tuple[_Phase, ...] = (
-    _Phase("running apt-get update", 0.01, 0.03, expected_s=3.0),
-    _Phase("downloading packages", 0.03, 0.10, (("Get:", 1.0),)),
-    _Phase("extracting archives", 0.10, 0.40, expected_s=20.0),
-    _Phase(
-        "installing essential packages", 0.40, 0.57, (("Unpacking ", 0.6), ("Setting up ", 0.4))
-    ),
-    _Phase(
-        "installing remaining packages",
-        0.57,
-        0.96,
-        (("Get:", 0.1), ("Unpacking ", 0.3), ("Setting up ", 0.6)),
-    ),
-    _Phase("running --customize-hook", 0.96, 0.97, expected_s=1.0),
-    _Phase("cleaning package lists", 0.97, 0.98, expected_s=1.0),
-    _Phase("success", 0.98, 0.98),
-)
-
-_NEWLY_INSTALLED = re.compile(r"(\d+) newly installed")
-#: Timer-driven progress is reported in steps of at least this much, to keep events few.
-_TICK_STEP = 0.005
-
-
-class _MmdebstrapProgress:
-    """Turns mmdebstrap's verbose log into progress messages and a rough fraction."""
-
-    def __init__(
-        self,
-        report: Callable[[str, float | None], None],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._report = report
-        self._clock = clock
-        self._phase: _Phase | None = None
-        self._message = ""
-        self._entered = 0.0
-        self._last = 0.0  # last fraction reported
-        self._total = 0  # packages apt announced for the current phase
-        self._essential = 0  # packages of the essential set (installed in a later phase)
-        self._done: dict[str, int] = {}
-
-    def feed(self, line: str) -> None:
-        """Take one line of the log."""
-        line = line.rstrip()
-        if line.startswith(("I: ", "W: ", "E: ")):
-            text = line[3:]
-            for phase in _PHASES:
-                if text.startswith(phase.marker):
-                    self._enter(phase, text)
-                    self._emit(text, phase.start)
-                    return
-            self._report(text, None)
-            return
-        current = self._phase
-        if current is None or not current.counts:
-            return
-        match = _NEWLY_INSTALLED.search(line)
-        if match:
-            self._total = int(match.group(1))
-            if current.marker == "downloading packages":
-                self._essential = self._total
-            return
-        for kind, _ in current.counts:
-            if line.startswith(kind) and self._total:
-                self._done[kind] = self._done.get(kind, 0) + 1
-                self._emit(self._describe(kind, line), self._fraction(current))
-                return
-
-    def tick(self) -> None:
-        """Called a few times a second: moves the bar through phases that print nothing.
-
-        The fraction approaches the phase's end asymptotically (1 - e^(-t/expected)), so a
-        slow phase keeps visibly moving yet never claims to be done.
-        """
-        phase = self._phase
-        if phase is None or phase.counts or phase.end <= phase.start:
-            return
-        elapsed = self._clock() - self._entered
-        share = 1.0 - math.exp(-elapsed / phase.expected_s)
-        fraction = phase.start + (phase.end - phase.start) * share
-        if fraction - self._last >= _TICK_STEP:
-            self._emit(self._message, fraction)
-
-    def _enter(self, phase: _Phase, text: str) -> None:
-        self._phase = phase
-        self._message = text
-        self._entered = self._clock()
-        self._done = {}
-        # The essential set is downloaded in one phase and installed in the next, which
-        # prints no "newly installed" line of its own.
-        self._total = self._essential if phase.marker.startswith("installing essential") else 0
-
-    def _emit(self, message: str, fraction: float) -> None:
-        self._last = max(self._last, fraction)
-        self._report(message, fraction)
-
-    def _fraction(self, phase: _Phase) -> float:
-        width = phase.end - phase.start
-        fraction = phase.start
-        for kind, share in phase.counts:
-            done = min(self._done.get(kind, 0), self._total)
-            fraction += width * share * done / self._total
-        return fraction
-
-    def _describe(self, kind: str, line: str) -> str:
-        count = f"{self._done[kind]}/{self._total}"
-        parts = line.split()
-        if kind == "Get:":
-            # Get:<n> <uri> <suite/component> <arch> <package> <arch> <version> [<size>]
-            return f"downloading {parts[4] if len(parts) > 4 else ''} ({count})"
-        # Unpacking <package> (<version>) ...  /  Setting up <package> (<version>) ...
-        verb, name = ("unpacking", parts[1]) if kind == "Unpacking " else ("setting up", parts[2])
-        return f"{verb} {name.split(':')[0]} ({count})"
