@@ -1,22 +1,29 @@
 """``aenv doctor``: can a node run on this host, and if not, why not.
 
 Each check prints one line, ``ok``, ``warn`` or ``fail``, with its reason; the command exits 1
-when any check failed (the node cannot run here), 0 otherwise. The checks only look or make
-throwaway things of their own, removed at once: a network namespace named
+when a check the configured node needs failed (it cannot run here), 0 otherwise. The checks
+only look or make throwaway things of their own, removed at once: a network namespace named
 ``aenvdoctor-<pid>`` (outside the node's ``aenv-<n>`` names, so a node's sweep never takes it
-for one of its slots) with an nft table and a veth pair inside it. Nothing on the host's own
-network, cgroups or disks is changed. The node's configuration (``AENV_*``, ``AENV_CONFIG``) is
-read as ``aenv server`` reads it, so the disk and workspace checks look where the node would.
+for one of its slots) with an nft table and a veth pair inside it, and one throwaway gVisor
+sandbox per platform (:mod:`aenv.runtime.host_probe`: its own runsc ``--root`` in a temporary
+directory, no network). Nothing on the host's own network, cgroups or disks is changed. The
+node's configuration (``AENV_*``, ``AENV_CONFIG``) is read as ``aenv server`` reads it, so the
+runtime, disk and workspace checks look at what the node would use.
 
-The checks are the node's prerequisites (docs/node.md): root; ``runsc`` (gVisor); the cgroup
-controllers runsc limits sandboxes with (memory, cpu, pids); network namespaces, veth pairs and
-nftables; free space in ``AENV_HOME``; for disk workspaces, loop devices and ``mkfs.xfs`` /
-``mkfs.ext4``. ``/dev/kvm`` is reported but never required: the node's gVisor platforms
-(ptrace, systrap) do not use it.
+The checks are the node's prerequisites (docs/node.md): root; each runtime this build has and,
+for gVisor, each platform (ptrace, systrap, kvm), judged by running ``true`` in a sandbox on it
+within ``host_probe.PLATFORM_TIMEOUT_S`` (a platform that spins, as gVisor's KVM platform does on
+a nested, paravirtual ``/dev/kvm``, is killed and reported); the cgroup controllers runsc
+limits sandboxes with (memory, cpu, pids); network namespaces, veth pairs and nftables; free
+space in ``AENV_HOME``; for disk workspaces, loop devices and ``mkfs.xfs`` / ``mkfs.ext4``.
+Of the runtime lines only the configured runtime (``AENV_RUNTIME``) and, for gVisor, the
+configured platform (``AENV_RUNSC_PLATFORM``) decide the exit status; the others are reported
+(a ``fail`` there says what this host cannot do) with what the node uses instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import Awaitable, Callable
@@ -31,10 +38,12 @@ from rich.text import Text
 from aenv.cli.common import examples, out
 from aenv.core import proc
 from aenv.core.errors import AenvError
+from aenv.runtime.host_probe import PROBES, HostCheck, working_platforms
 
 Status = Literal["ok", "warn", "fail"]
 
-#: One probe command: they answer in milliseconds; a hung one must not hang the doctor.
+#: One probe command: they answer in milliseconds; a hung one must not hang the doctor. (The
+#: runtime probes keep their own timeouts: runtime/host_probe.py.)
 PROBE_TIMEOUT_S = 15.0
 #: Free space in AENV_HOME below which the node will not get far (a template's layers and a
 #: few sandboxes' writable layers) / below which it is worth a warning.
@@ -43,7 +52,6 @@ DISK_WARN_BYTES = 20 << 30
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: What runsc's ``linux.resources`` for a sandbox need (runtime/oci.py).
 CONTROLLERS = ("memory", "cpu", "pids")
-RUNSC = Path("/usr/bin/runsc")
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,9 @@ class Check:
     status: Status
     name: str
     reason: str
+    #: Whether the configured node needs this: a ``fail`` of a check it does not need (a
+    #: runtime or platform it does not use) is reported but leaves the exit status 0.
+    needed: bool = True
 
 
 def register(app: typer.Typer) -> None:
@@ -65,15 +76,18 @@ def doctor() -> None:
         settings = Settings()
     except Exception as exc:  # pydantic's errors are many lines: the first says which field
         checks = [Check("fail", "config", " ".join(str(exc).split())[:300])]
+        fields = Settings.model_fields
         home, workspace = Path("/var/lib/aenv"), "disk"
+        runtime, platform = str(fields["runtime"].default), str(fields["runsc_platform"].default)
     else:
         checks = []
         home, workspace = settings.home, settings.workspace
+        runtime, platform = settings.runtime, settings.runsc_platform
 
     async def flow() -> list[Check]:
-        found: list[Check] = []
-        probes: list[Callable[[], Awaitable[Check]]] = [_root, _runsc, _kvm, _cgroups,
-                                                        _network]
+        found = [await _root()]
+        found += await _runtimes(runtime, platform)
+        probes: list[Callable[[], Awaitable[Check]]] = [_cgroups, _network]
         for probe in probes:
             found.append(await probe())
         found.append(_disk(home))
@@ -86,7 +100,7 @@ def doctor() -> None:
         line = Text(f"{check.status:<4} ", style=style[check.status])
         line.append(f"{check.name}: {check.reason}")
         out.print(line, soft_wrap=True)
-    failed = [c.name for c in checks if c.status == "fail"]
+    failed = [c.name for c in checks if c.status == "fail" and c.needed]
     if failed:
         out.print(f"the node cannot run here: {', '.join(failed)}", soft_wrap=True)
         raise typer.Exit(1)
@@ -111,30 +125,30 @@ async def _root() -> Check:
     return Check("fail", "root", "the node needs root (network namespaces, nft, runsc)")
 
 
-async def _runsc() -> Check:
-    binary = RUNSC if RUNSC.exists() else None
-    if binary is None:
-        found = shutil.which("runsc")
-        binary = Path(found) if found else None
-    if binary is None:
-        return Check("fail", "runsc", f"not found at {RUNSC} or on PATH (install gVisor)")
-    ok, text = await _probe(str(binary), "--version")
-    if not ok:
-        return Check("fail", "runsc", f"{binary} --version failed: {text}")
-    return Check("ok", "runsc", f"{text.splitlines()[0]} ({binary})")
+async def _runtimes(runtime: str, platform: str) -> list[Check]:
+    """Every runtime's probe, all at once (gVisor's takes up to its platform timeout); only
+    what the configured ``runtime`` (and gVisor ``platform``) needs decides the exit status."""
+    names = list(PROBES)
+    results = await asyncio.gather(*(PROBES[name]() for name in names))
+    uses = f"{runtime} on {platform}" if runtime == "gvisor" else runtime
+    checks: list[Check] = []
+    for name, found in zip(names, results, strict=True):
+        for check in found:
+            needed = name == runtime and check.platform in (None, platform)
+            reason = check.reason
+            if check.status == "fail" and not needed:
+                reason += f" (not used: the node runs {uses})"
+            elif check.status == "fail" and check.platform == platform:
+                reason += _instead(found)
+            checks.append(Check(check.status, check.name, reason, needed))
+    return checks
 
 
-async def _kvm() -> Check:
-    path = Path("/dev/kvm")
-    if not path.exists():
-        return Check("warn", "kvm", "/dev/kvm absent (not needed: gVisor runs on ptrace/systrap)")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as exc:
-        return Check("warn", "kvm", f"/dev/kvm not usable: {exc.strerror} (not needed: "
-                     "gVisor runs on ptrace/systrap)")
-    os.close(fd)
-    return Check("ok", "kvm", "/dev/kvm usable (the node does not need it: ptrace/systrap)")
+def _instead(found: list[HostCheck]) -> str:
+    others = working_platforms(found)
+    if not others:
+        return ""
+    return f"; {others[0]} works here: set AENV_RUNSC_PLATFORM={others[0]}"
 
 
 async def _cgroups() -> Check:
