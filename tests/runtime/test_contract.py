@@ -21,6 +21,7 @@ import itertools
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Protocol
 
@@ -36,6 +37,7 @@ from aenv.core.errors import (
 )
 from aenv.core.net import NetSlot
 from aenv.network import slots
+from aenv.network.pool import SlotPool
 from aenv.runtime.base import IMAGE_FILES, Instance, MemoryImage, Runtime, SandboxSpec
 from aenv.runtime.fake import FakeRuntime
 from tests.runtime.conftest import SandboxFactory
@@ -110,6 +112,33 @@ class FakeHarness:
         self.runtime.crash(instance.sandbox_id)
 
 
+class FakeGuestHarness(FakeHarness):
+    """The fake as a node runs it: each sandbox's guest listens in a real slot."""
+
+    def __init__(self, tmp: Path, pool: SlotPool) -> None:
+        super().__init__(tmp)
+        self.runtime = FakeRuntime(guest=True)
+        self.pool = pool
+
+    async def slot(self) -> NetSlot:
+        return await self.pool.acquire()
+
+    async def give_back(self, slot: NetSlot) -> None:
+        await self.pool.release(slot)
+
+
+@pytest.fixture
+async def fake_guests(pool: SlotPool, tmp_path: Path) -> AsyncIterator[FakeGuestHarness]:
+    """Its sandboxes destroyed (their guests' sockets closed) before the pool removes the
+    slots."""
+    harness = FakeGuestHarness(tmp_path, pool)
+    try:
+        yield harness
+    finally:
+        for o in await harness.runtime.observe():
+            await harness.runtime.destroy(Instance(o.sandbox_id, o.runtime_id, o.pid, None))
+
+
 class GvisorHarness:
     def __init__(self, factory: SandboxFactory) -> None:
         self.factory = factory
@@ -151,12 +180,15 @@ class GvisorHarness:
         os.kill(instance.pid, signal.SIGKILL)
 
 
-@pytest.fixture(params=["fake", pytest.param("gvisor", marks=[pytest.mark.gvisor,
-                                                              pytest.mark.slow])])
+@pytest.fixture(params=["fake", "fake-guest", pytest.param("gvisor", marks=[
+    pytest.mark.gvisor, pytest.mark.slow])])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
     # Sync on purpose: an async fixture cannot pull in another async fixture on demand.
     if request.param == "fake":
         return FakeHarness(tmp_path)
+    if request.param == "fake-guest":
+        guests: FakeGuestHarness = request.getfixturevalue("fake_guests")
+        return guests
     factory: SandboxFactory = request.getfixturevalue("sandboxes")
     return GvisorHarness(factory)
 

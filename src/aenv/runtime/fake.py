@@ -3,8 +3,14 @@
 ``FakeRuntime`` keeps what a driver would keep and enforces what the gVisor driver enforces
 (ids, preconditions, one live sandbox per id and per slot, idempotent destroy), so orchestrator
 tests exercise real rules. It passes the same contract suite as ``GvisorRuntime``
-(``tests/runtime/test_contract.py``). Nothing listens on the guest's envd port: tests that need
-envd answering use the real driver.
+(``tests/runtime/test_contract.py``).
+
+With ``guest=True`` (``runtime = "fake"`` in a node's config, runtime/registry.py) every
+running sandbox has a fake guest (fake_guest.py): envd's control endpoints on the guest
+address in the sandbox's network slot, so a node runs on this driver — creates, pauses,
+resumes, forks and kills through its API — with no sandbox process. It needs root and real
+slots (their netns). Without it (orchestrator unit tests, whose slots exist only on paper)
+nothing listens on the guest's envd port.
 
 Each sandbox has a "memory": a small dict standing for its guest state (processes, files of
 the in-memory root layer). Tests write it with ``remember`` and read it with ``recall``. A
@@ -23,8 +29,8 @@ Test hooks, never called by product code: ``crash`` (the sandbox's processes die
 OOM of the sentry), ``remember``/``recall``, ``fail_next_boot``, ``fail_next_restore``,
 ``fail_next_checkpoint``, ``boot_delay_s`` and ``restore_delay_s``.
 
-Owns: its dict, and the image directories its checkpoints write. Must not touch: anything else
-on the machine.
+Owns: its dict, the image directories its checkpoints write, and its guests' sockets. Must
+not touch: anything else on the machine (a guest listens inside its slot, never changes it).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from aenv.runtime.base import (
     SandboxSpec,
     Stats,
 )
+from aenv.runtime.fake_guest import FakeGuest
 
 #: What an idle gVisor sandbox with envd uses (measured: ~45 MB in its memory cgroup).
 IDLE_MEMORY = 45 * 1024 * 1024
@@ -78,12 +85,25 @@ class _Sandbox:
     #: Set when its processes end (crash, checkpoint without leave_running, destroy).
     exit: Exit | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Its envd endpoints while it runs (``FakeRuntime(guest=True)``).
+    guest: FakeGuest | None = None
 
     def end(self, exit: Exit) -> None:
         self.status = "stopped"
         if self.exit is None:
             self.exit = exit
+        if self.guest is not None:
+            self.guest.stop()
         self.ended.set()
+
+    def metrics(self) -> dict[str, int | float]:
+        """What envd's ``/metrics`` reports of an idle sandbox of this shape."""
+        total = self.spec.memory_mb << 20
+        used = min(IDLE_MEMORY, total)
+        return {"ts": int(time.time()), "cpu_count": self.spec.cpu_count, "cpu_used_pct": 0.0,
+                "mem_total": total, "mem_used": used, "mem_cache": 0,
+                "mem_total_mib": total >> 20, "mem_used_mib": used >> 20,
+                "disk_used": 0, "disk_total": 0}
 
 
 class FakeRuntime:
@@ -91,7 +111,9 @@ class FakeRuntime:
 
     name = "fake"
 
-    def __init__(self) -> None:
+    def __init__(self, *, guest: bool = False) -> None:
+        #: Serve envd's control endpoints in each running sandbox's slot (module docstring).
+        self._guests = guest
         self._sandboxes: dict[str, _Sandbox] = {}
         self._pids = itertools.count(100_000)
         self._fail_next: AenvError | None = None
@@ -110,7 +132,7 @@ class FakeRuntime:
         if self._fail_next is not None:
             exc, self._fail_next = self._fail_next, None
             raise exc
-        return self._start(spec, net, {})
+        return await self._start(spec, net, {}, fresh=True)
 
     async def restore(self, image: MemoryImage, spec: SandboxSpec, net: NetSlot) -> Instance:
         """Same contract as ``GvisorRuntime.restore``: ``spec.sandbox_id`` runs in ``net`` with
@@ -128,14 +150,15 @@ class FakeRuntime:
         if self._fail_next_restore is not None:
             exc, self._fail_next_restore = self._fail_next_restore, None
             raise exc
-        return self._start(spec, net, memory)
+        return await self._start(spec, net, memory, fresh=False)
 
     async def precreate(self, spec: SandboxSpec, net: NetSlot) -> Instance:
         """Same contract as ``GvisorRuntime.precreate``: the sandbox exists as ``created``."""
         self._check_start(spec, net)
-        instance = self._start(spec, net, {})
-        self._sandboxes[spec.sandbox_id].status = "created"
-        return instance
+        sandbox = _Sandbox(spec=spec, net=net, pid=next(self._pids), status="created")
+        self._sandboxes[spec.sandbox_id] = sandbox
+        return Instance(sandbox_id=spec.sandbox_id, runtime_id=spec.sandbox_id,
+                        pid=sandbox.pid, net=net)
 
     async def restore_precreated(self, instance: Instance, image: MemoryImage, *,
                                  sandbox_id: str | None = None) -> Instance:
@@ -158,10 +181,13 @@ class FakeRuntime:
             if self._fail_next_restore is not None:
                 exc, self._fail_next_restore = self._fail_next_restore, None
                 raise exc
+            sandbox.memory.clear()
+            sandbox.memory.update(memory)  # in place: the guest reads and writes this dict
+            if self._guests:
+                sandbox.guest = await self._listen(sandbox, fresh=False)
         except BaseException:
             await self.destroy(instance)
             raise
-        sandbox.memory = dict(memory)
         sandbox.status = "running"
         return instance
 
@@ -194,6 +220,8 @@ class FakeRuntime:
             raise
         if not leave_running:
             sandbox.end(Exit("exited", "the sandbox's runtime exited with status 0"))
+        elif sandbox.guest is not None:
+            sandbox.guest.reset()  # as runsc's: the guest's TCP connections are reset
         return image
 
     async def freeze(self, instance: Instance) -> None:
@@ -204,6 +232,8 @@ class FakeRuntime:
             raise FailedPrecondition(f"sandbox {instance.sandbox_id} is {sandbox.status}, "
                                      "not running: cannot freeze it")
         sandbox.status = "paused"
+        if sandbox.guest is not None:
+            sandbox.guest.freeze()
 
     async def thaw(self, instance: Instance) -> None:
         """Continue a frozen sandbox: ``running``. Refuses one that is not frozen
@@ -214,6 +244,8 @@ class FakeRuntime:
             raise FailedPrecondition(f"sandbox {instance.sandbox_id} is {sandbox.status}, "
                                      "not paused: thawing it would kill it")
         sandbox.status = "running"
+        if sandbox.guest is not None:
+            sandbox.guest.thaw()
 
     async def destroy(self, instance: Instance) -> None:
         """Forget the sandbox. Idempotent."""
@@ -289,11 +321,27 @@ class FakeRuntime:
             if other.net.index == net.index and other.status != "stopped" and other_id != sid:
                 raise FailedPrecondition(f"slot {net.index} is used by sandbox {other_id}")
 
-    def _start(self, spec: SandboxSpec, net: NetSlot, memory: dict[str, str]) -> Instance:
+    async def _start(self, spec: SandboxSpec, net: NetSlot, memory: dict[str, str], *,
+                     fresh: bool) -> Instance:
+        """A running sandbox; with guests, once its guest listens (``fresh``: booted, so the
+        guest makes a boot id; restored ones keep their image's)."""
         sandbox = _Sandbox(spec=spec, net=net, pid=next(self._pids), memory=memory)
+        if self._guests:
+            sandbox.guest = await self._listen(sandbox, fresh=fresh)
+            try:
+                self._check_start(spec, net)  # again: another start may have won meanwhile
+            except BaseException:
+                sandbox.guest.stop()
+                raise
         self._sandboxes[spec.sandbox_id] = sandbox
         return Instance(sandbox_id=spec.sandbox_id, runtime_id=spec.sandbox_id,
                         pid=sandbox.pid, net=net)
+
+    @staticmethod
+    async def _listen(sandbox: _Sandbox, *, fresh: bool) -> FakeGuest:
+        guest = FakeGuest(sandbox.memory, sandbox.metrics)
+        await guest.start(sandbox.net, fresh=fresh)
+        return guest
 
     def _find(self, sandbox_id: str) -> _Sandbox | None:
         """The sandbox that is ``sandbox_id`` (its runtime id differs after a resume into a

@@ -41,7 +41,10 @@ def _gvisor(settings: Settings) -> Runtime:
 def _fake(settings: Settings) -> Runtime:
     from aenv.runtime.fake import FakeRuntime
 
-    return FakeRuntime()
+    # A node waits for envd in every sandbox and probes it: each fake sandbox gets a guest
+    # answering envd's control endpoints in its slot. Unit tests construct FakeRuntime()
+    # themselves, without, since their slots have no netns.
+    return FakeRuntime(guest=True)
 
 
 DRIVERS: dict[str, Driver] = {
