@@ -155,8 +155,12 @@ def unreferenced_blobs(home: Path, older_than_s: float) -> list[str]:
     now = time.time()
     for blob in blobs.iterdir() if blobs.is_dir() else []:
         with contextlib.suppress(FileNotFoundError):
-            if blob.name not in named and now - blob.stat().st_mtime > older_than_s:
-                found.append(f"blob {blob.name[:12]} ({blob.stat().st_size >> 20} MiB)")
+            st = blob.stat()
+            if blob.name not in named and now - st.st_mtime > older_than_s:
+                # The whole name (a temporary one shows its suffix), age and links: enough
+                # to tell a failed commit's blob from a writer's leftover.
+                found.append(f"blob {blob.name} ({st.st_size >> 20} MiB, "
+                             f"{now - st.st_mtime:.0f} s old, {st.st_nlink} links)")
     return found
 
 

@@ -163,7 +163,7 @@ class Settings(BaseSettings):
     fork, move) may take; past it the operation is cancelled (504), and the sandbox is put
     back running or paused (docs/lifecycle.md, *The lifecycle model*)."""
 
-    kill_answer_s: float = Field(default=4.0, gt=0)
+    kill_answer_s: float = Field(default=3.0, gt=0)
     """A kill answers once the sandbox is torn down, or after this many seconds while the
     teardown goes on in the background (the sandbox is gone for clients either way)."""
 

@@ -25,7 +25,7 @@ async def collect(node: Node) -> CollectionPlan:
         plan = await node.repository.collect_garbage(grace_s=node.settings.gc_grace_s)
         if dropped := disk_mode.drop_stale_disks(node):
             log.info("gc: removed %d local disk images of deleted snapshots", dropped)
-        trimmed = node.repository.cache.trim()
+        trimmed = await node.repository.trim_cache()
         if trimmed:
             log.info("gc: dropped %d cached blobs over the cache's budget", len(trimmed))
         return plan
