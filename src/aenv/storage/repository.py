@@ -467,7 +467,7 @@ class SnapshotRepository:
                  plan.kept_young)
         return plan
 
-    async def trim_cache(self) -> list[str]:
+    async def trim_cache(self) -> Sequence[str]:
         """Drop least recently used cached blobs beyond the cache's budget; returns their
         digests. Runs alone, as a GC pass does: a commit between adopting its blobs into the
         cache and putting them from there must not lose one (it did: a snapshot answered 500
