@@ -40,7 +40,11 @@ class Settings(BaseSettings):
     stored in ``<home>/api_key`` and printed at start."""
 
     runtime: Literal["gvisor", "fake"] = "gvisor"
-    """Sandbox runtime driver. ``fake`` keeps sandboxes in memory (tests of the control plane)."""
+    """Sandbox runtime driver (``runtime/registry.py``). ``gvisor``: runsc sandboxes. ``fake``:
+    no sandbox processes; each sandbox is kept in memory with a fake guest answering envd's
+    control endpoints in its network slot, so a node runs its whole control plane (create,
+    pause, resume, fork, kill, pools, template images) without runsc; no command runs inside
+    (tests of the control plane; needs root like any node)."""
 
     cluster: str | None = None
     """Redis URL of the cluster this node joins (``redis://host:6379/0``; ``--cluster`` of
