@@ -11,4 +11,5 @@ repository is the truth for paused sandboxes and snapshots.
 - ``placement.py``: which node: filter, sample, score (pure; no I/O).
 - ``scheduler.py``: the scheduler's HTTP API (:9090), placement over the two above.
 - ``heartbeat.py``: a node's side: measure itself, send a heartbeat every couple of seconds.
+- ``settings.py``: the scheduler's and the gateway's typed settings (``AENV_*``).
 """

@@ -221,7 +221,10 @@ class Gateway:
             timeout = wanted.get("timeout") if isinstance(wanted, dict) else None
         except ValueError:
             timeout = None
-        send_headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+        # Each child's create is its own: a key the fork came with would make a node replay
+        # its first child for the next (``api/idempotency.py``).
+        send_headers = [(k, v) for k, v in headers
+                        if k.lower() not in ("content-length", "idempotency-key")]
 
         async def send(method: str, base: str, path: str, payload: object) -> httpx.Response:
             return await self.http.request(method, base.rstrip("/") + path, json=payload,
