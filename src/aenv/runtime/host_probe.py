@@ -133,7 +133,8 @@ async def probe_gvisor_platform(
     """
     name = f"runtime gvisor ({platform})"
     workdir = Path(tempfile.mkdtemp(prefix="aenv-probe-", dir=scratch))
-    # Short: runsc's control socket lives in --root, and a Unix socket path has 107 bytes.
+    # Short: runsc's control socket ends up under workdir (``do`` keeps its state in its
+    # bundle, in TMPDIR), and a Unix socket path has 107 bytes.
     state = workdir / "s"
     # --ignore-cgroups: ``do`` would make a ``runsc-<id>`` cgroup in every hierarchy, and a
     # killed run leaves it behind; the doctor checks cgroups on its own.
