@@ -38,7 +38,11 @@ from rich.text import Text
 from aenv.cli.common import examples, out
 from aenv.core import proc
 from aenv.core.errors import AenvError
-from aenv.runtime.host_probe import PROBES, HostCheck, working_platforms
+from aenv.runtime.host_probe import HostCheck, working_platforms
+from aenv.runtime.registry import DRIVERS
+
+#: Every registered runtime's host probe, by name (``runtime/registry.py``).
+PROBES = {name: driver.probe for name, driver in DRIVERS.items()}
 
 Status = Literal["ok", "warn", "fail"]
 

@@ -28,7 +28,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -211,7 +211,4 @@ def _last_line(stderr: bytes, returncode: int) -> str:
 
 
 #: The probe of each runtime ``Settings.runtime`` can name.
-PROBES: dict[str, Callable[[], Awaitable[list[HostCheck]]]] = {
-    "gvisor": probe_gvisor,
-    "fake": probe_fake,
-}
+

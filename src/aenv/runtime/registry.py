@@ -10,12 +10,13 @@ its files.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aenv.core.errors import InvalidArgument
 from aenv.core.settings import Settings
 from aenv.runtime.base import Runtime
+from aenv.runtime.host_probe import HostCheck, probe_fake, probe_gvisor
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class Driver:
     #: One line for ``aenv doctor`` and the docs.
     summary: str
     build: Callable[[Settings], Runtime]
+    #: Can this host run it (``aenv doctor``): one line per check, platforms included.
+    probe: Callable[[], Awaitable[list[HostCheck]]]
 
 
 def _gvisor(settings: Settings) -> Runtime:
@@ -48,8 +51,10 @@ def _fake(settings: Settings) -> Runtime:
 
 
 DRIVERS: dict[str, Driver] = {
-    "gvisor": Driver("gvisor", "gVisor (runsc): a user-space kernel per sandbox", _gvisor),
-    "fake": Driver("fake", "in memory, no processes: tests of the control plane", _fake),
+    "gvisor": Driver("gvisor", "gVisor (runsc): a user-space kernel per sandbox", _gvisor,
+                     probe_gvisor),
+    "fake": Driver("fake", "in memory, no processes: tests of the control plane", _fake,
+                   probe_fake),
 }
 
 
