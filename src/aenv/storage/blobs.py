@@ -12,7 +12,9 @@ is an error, never a cached file). Several snapshots share a blob (the base laye
 bundle); the garbage collector (``storage/gc.py``) removes those no manifest names.
 
 The cache is bounded (``repository_cache_bytes``): :meth:`BlobCache.trim` drops the least
-recently used blobs nothing has pinned; a dropped blob is fetched again when needed.
+recently used blobs nothing has pinned and none placed in the last ``KEEP_NEW_S`` (a commit
+puts blobs the node made before it — a disk's chunks, a memory image — from here: one dropped
+in between failed the snapshot); a dropped blob is fetched again when needed.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ log = logging.getLogger("aenv.storage.blobs")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _READ_BYTES = 1 << 20
 BLOB_PREFIX = "blobs/sha256/"
+#: A blob placed in the cache this recently is never trimmed: longer than a commit takes.
+KEEP_NEW_S = 600.0
 
 
 def check_digest(digest: str) -> str:
@@ -228,18 +232,20 @@ class BlobCache:
     def trim(self, keep: Iterable[str] = ()) -> list[str]:
         """Drop least recently used blobs until the cache fits its budget; returns the digests.
 
-        Never drops a pinned blob or one in ``keep``.
+        Never drops a pinned blob, one in ``keep``, or one placed (or used: a use touches it)
+        in the last ``KEEP_NEW_S``.
         """
         if not self.budget_bytes:
             return []
         entries = sorted(self._entries(), key=lambda entry: entry[2])
         usage = sum(size for _, size, _ in entries)
         protected = set(keep) | set(self._pins)
+        placed_before = time.time() - KEEP_NEW_S
         dropped = []
         for digest, size, _ in entries:
             if usage <= self.budget_bytes:
                 break
-            if digest in protected:
+            if digest in protected or self._placed_at(digest) > placed_before:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 self.path(digest).unlink()
@@ -258,6 +264,13 @@ class BlobCache:
                 continue
             found.append(("sha256:" + name, st.st_size, st.st_atime))
         return found
+
+    def _placed_at(self, digest: str) -> float:
+        # A blob is named by a rename (and linked, chmodded) when placed: its ctime says when.
+        try:
+            return os.stat(self.path(digest)).st_ctime
+        except FileNotFoundError:
+            return 0.0
 
     def _touch(self, path: Path) -> None:
         # relatime may not update atime on reads; the cache's recency is set by hand.
