@@ -178,7 +178,9 @@ async def get_sandbox(sandbox_id: str, node: NodeDep) -> SandboxDetail:
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)
 async def kill_sandbox(sandbox_id: str, node: NodeDep) -> Response:
-    await kill_op.kill(node, _checked_id(sandbox_id))
+    if not await kill_op.kill(node, sandbox_id := _checked_id(sandbox_id)):
+        # Its kill began before (a teardown a restart or a failure left): gone already.
+        raise NotFound(f"sandbox {sandbox_id} not found")
     return Response(status_code=204)
 
 

@@ -6,7 +6,10 @@ then on: 404), open streams through the proxy are aborted, the operation in flig
 spill, resume, snapshot, fork, move — is cancelled and unwinds, then the runtime, writable
 layer, network slot and memory image are released and the record deleted. The call answers
 when that is done, or after ``kill_answer_s`` at the latest while the teardown goes on as
-the sandbox's owned task. A second kill waits as the first does, then answers 404.
+the sandbox's owned task. A second kill waits as the first does, then answers 404; so does a
+kill of a record left ``killing`` with no kill running (a teardown that failed half-way, or
+one a restart cut short): it drives that teardown, and returns False, as the sandbox was gone
+for clients already.
 On failure: ``NotFound`` (never existed, or already gone). A teardown that fails half-way
 leaves a ``killing`` record (invisible) that the TTL loop tries again; the call still
 answers 204, as the sandbox is gone for its user. A crash mid-kill leaves a ``killing``
@@ -31,8 +34,9 @@ log = logging.getLogger("aenv.orchestrator.kill")
 _MARK_ATTEMPTS = 20
 
 
-async def kill(node: Node, sandbox_id: str, *, reason: str | None = None) -> None:
-    """``reason``: kept in ``last_error`` (a death, an expiry)."""
+async def kill(node: Node, sandbox_id: str, *, reason: str | None = None) -> bool:
+    """``reason``: kept in ``last_error`` (a death, an expiry). True if this call killed a
+    sandbox clients could see; False if it finished a kill begun before."""
     joined = node.owners.kill_in_flight(sandbox_id)
     if joined is not None:
         # Killed already, as far as clients go: this call waits as the first did, and then
@@ -45,7 +49,8 @@ async def kill(node: Node, sandbox_id: str, *, reason: str | None = None) -> Non
         if await node.repository.lookup(paused_repo.paused_id(sandbox_id)) is None:
             raise NotFound(f"sandbox {sandbox_id} not found")
         await paused_repo.unpublish(node, sandbox_id)
-        return
+        return True
+    visible = record.state != SandboxState.KILLING
     node.owners.begin_kill(sandbox_id)
     await mark_killing(node, sandbox_id, reason)
     node.streams.abort(sandbox_id)
@@ -53,6 +58,7 @@ async def kill(node: Node, sandbox_id: str, *, reason: str | None = None) -> Non
     task = node.owners.start_kill(sandbox_id, lambda: _finish(node, sandbox_id),
                                   deadline=node.settings.kill_deadline_s)
     await _answer(node, task)
+    return visible
 
 
 async def mark_killing(node: Node, sandbox_id: str, reason: str | None = None
