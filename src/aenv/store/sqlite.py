@@ -29,6 +29,11 @@ class Store:
         # Write-through cache of rows by id: this process is the database's only writer, so
         # the proxy's per-request lookup needs no round trip to SQLite's thread.
         self._cache: dict[str, SandboxRecord] = {}
+        #: Bumped by every write to a sandbox's row or cached copy: a read that awaited the
+        #: database across a write must not put its older row into the cache (it did: a
+        #: resume's ``running`` was shadowed by a concurrent read's ``resuming``, and the
+        #: sandbox was settled from the stale copy).
+        self._writes = 0
 
     @classmethod
     async def open(cls, path: Path, *, synchronous: str = "NORMAL") -> Store:
@@ -76,12 +81,14 @@ class Store:
         names = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
         await self._db.execute(f"INSERT INTO sandboxes ({names}) VALUES ({marks})", row)
+        self._writes += 1
         self._cache[record.sandbox_id] = record
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
         cached = self._cache.get(sandbox_id)
         if cached is not None:
             return cached
+        writes = self._writes
         async with self._db.execute(
             "SELECT * FROM sandboxes WHERE sandbox_id = ?", (sandbox_id,)
         ) as cur:
@@ -89,7 +96,11 @@ class Store:
         if row is None:
             return None
         record = from_row(dict(row))
-        self._cache[sandbox_id] = record
+        if self._writes == writes:
+            self._cache[sandbox_id] = record
+        else:
+            # Written meanwhile: the cache (if it holds it) has the newer copy.
+            record = self._cache.get(sandbox_id, record)
         return record
 
     async def require(self, sandbox_id: str) -> SandboxRecord:
@@ -165,12 +176,14 @@ class Store:
             {**{k: row[k] for k in columns | {"sandbox_id"}}, "old": record.version},
         )
         if cur.rowcount != 1:
+            self._writes += 1
             self._cache.pop(record.sandbox_id, None)
             raise Conflict(f"sandbox {record.sandbox_id} changed concurrently; retry")
         latest = self._cache.get(record.sandbox_id)
         if latest is not None and latest.version == record.version and latest is not base:
             # A field written during the write above (``set_end_at``) is in the row: keep it.
             new = latest.evolve(**{k: getattr(new, k) for k in columns})
+        self._writes += 1
         self._cache[new.sandbox_id] = new
         if new.state != record.state:
             await self.add_event(new.sandbox_id, f"state:{new.state}", {"from": str(record.state)})
@@ -188,11 +201,13 @@ class Store:
             (end_at, sandbox_id, str(SandboxState.KILLING)),
         )
         if cur.rowcount != 1:
+            self._writes += 1
             self._cache.pop(sandbox_id, None)
             raise NotFound(f"sandbox {sandbox_id} not found")
         current = self._cache.get(sandbox_id)
         if current is None:
             return record.evolve(end_at=end_at)
+        self._writes += 1
         self._cache[sandbox_id] = current = current.evolve(end_at=end_at)
         return current
 
@@ -201,6 +216,7 @@ class Store:
             "DELETE FROM sandboxes WHERE sandbox_id = ? AND version = ?",
             (record.sandbox_id, record.version),
         )
+        self._writes += 1
         self._cache.pop(record.sandbox_id, None)
         if cur.rowcount != 1:
             raise Conflict(f"sandbox {record.sandbox_id} changed concurrently; retry")
