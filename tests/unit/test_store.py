@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -79,3 +80,60 @@ def test_every_state_is_reachable_and_public_state_is_e2b_shaped() -> None:
     reachable = {dst for (_, dst) in TRANSITIONS} | {SandboxState.CREATING}
     assert reachable == set(SandboxState)
     assert {s.public for s in SandboxState} == {"running", "paused"}
+
+
+class _SlowReads:
+    """The store's connection, with every SELECT of one row held until ``release``."""
+
+    def __init__(self, db: object) -> None:
+        self._db = db
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def execute(self, sql: str, *args: object) -> object:
+        inner = self._db.execute(sql, *args)  # type: ignore[attr-defined]
+        if not sql.startswith("SELECT * FROM sandboxes WHERE sandbox_id"):
+            return inner
+        outer = self
+
+        class Held:
+            async def __aenter__(self) -> object:
+                cursor = await inner.__aenter__()
+                row = await cursor.fetchone()
+                outer.reading.set()
+                await outer.release.wait()  # a write lands while this read is in flight
+
+                class Done:
+                    async def fetchone(self) -> object:
+                        return row
+
+                self._cursor = cursor
+                return Done()
+
+            async def __aexit__(self, *exc: object) -> None:
+                await inner.__aexit__(*exc)
+
+        return Held()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._db, name)
+
+
+async def test_a_read_across_a_write_does_not_cache_its_older_row(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path / "state.db")
+    record = _record()
+    await store.insert(record)
+    store._cache.clear()  # the next get reads the database
+    slow = _SlowReads(store._db)
+    real = store._db
+    store._db = slow  # type: ignore[assignment]
+    read = asyncio.create_task(store.get(record.sandbox_id))
+    await slow.reading.wait()
+    store._db = real
+    written = await store.update(record, state=SandboxState.RUNNING)
+    slow.release.set()
+    stale = await read
+    assert stale is not None and stale.version <= written.version
+    # What every later reader sees is the write, not the row read before it.
+    assert await store.get(record.sandbox_id) == written
+    await store.close()
