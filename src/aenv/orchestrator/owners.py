@@ -235,6 +235,7 @@ class Owners:
         task = asyncio.create_task(whole(), name=f"kill-{sandbox_id}")
         self._kills.add(task)
         task.add_done_callback(self._kills.discard)
+        task.add_done_callback(_log_failed_kill)
         return task
 
     # -- lifetime ------------------------------------------------------------------------------
@@ -276,3 +277,15 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled"
     return getattr(exc, "message", None) or str(exc) or type(exc).__name__
+
+
+def _log_failed_kill(task: asyncio.Task[None]) -> None:
+    """A kill that answered early may fail later with nobody awaiting it: say so here (its
+    ``killing`` record is retried by the TTL loop), rather than as asyncio's "never
+    retrieved"."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.warning("%s failed (the TTL loop tries again): %s", task.get_name(),
+                    getattr(exc, "message", None) or repr(exc))
