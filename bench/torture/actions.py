@@ -48,12 +48,14 @@ def _status(world: World, name: str, response: httpx.Response, sandbox_id: str) 
 
 
 def create(world: World, api: httpx.Client, rng: random.Random, run: str) -> None:
+    on_timeout = rng.choice(["pause", "kill"])
     sbx = Sandbox.create(
         timeout=rng.choice([60, 120, 300]),
         metadata={"torture": run},
-        lifecycle={"on_timeout": rng.choice(["pause", "kill"])},
+        lifecycle={"on_timeout": on_timeout},
     )
     known = world.add(sbx.sandbox_id)
+    known.kills_on_timeout = on_timeout == "kill"
     path, content = _new_file(rng)
     sbx.files.write(path, content)
     known.files[path] = _digest(content)
@@ -116,6 +118,7 @@ def fork(world: World, api: httpx.Client, rng: random.Random, known: Known) -> N
     for entry in r.json():
         if "sandbox" in entry:
             child = world.add(entry["sandbox"]["sandboxID"], inherited)
+            child.kills_on_timeout = known.kills_on_timeout
             check_file(world, rng, child)
 
 

@@ -31,7 +31,7 @@ def settled(world: World, api: httpx.Client) -> dict[str, str]:
         for sid, known in list(pending.items()):
             r = api.get(f"/sandboxes/{sid}")
             if r.status_code == 404:
-                if not known.expires:
+                if not (known.expires or known.kills_on_timeout):
                     world.violate(f"sandbox {sid} is gone without a kill: {r.text[:200]}")
                 known.killed = True
                 del pending[sid]

@@ -19,6 +19,9 @@ class Known:
     #: It may be gone without a kill the clients saw answered: its timeout was set to 0 (the
     #: node pauses or kills it on its own), or the node died under a kill of it.
     expires: bool = False
+    #: Created with ``on_timeout: kill`` (or forked from one: children keep the parent's
+    #: policy): its timeout may run out between the clients' calls, and the node kills it.
+    kills_on_timeout: bool = False
     #: The SDK's handle (envd traffic through the proxy with the sandbox's own token).
     handle: Any = None
 

@@ -105,12 +105,13 @@ async def _finish(node: Node, sandbox_id: str) -> None:
             return
     await teardown(node, record)
     disk_mode.forget(node, sandbox_id)
-    if paused_repo.published(record):
-        try:
-            await paused_repo.unpublish(node, sandbox_id)
-        except AenvError as exc:
-            # The sandbox is gone here; a stale manifest only wastes space until GC.
-            log.warning("killed %s, but could not remove its paused manifest: %s",
-                        sandbox_id, exc.message)
+    # Published or not as far as the record knows: a crash between a resume and its
+    # unpublish leaves a manifest the record no longer names, and a manifest is a GC root —
+    # left, it would outlive the sandbox (and answer a later kill with 204: long torture).
+    try:
+        await paused_repo.unpublish(node, sandbox_id)
+    except AenvError as exc:
+        log.warning("killed %s, but could not remove its paused manifest: %s",
+                    sandbox_id, exc.message)
     await node.store.delete(await node.store.require(sandbox_id))
     node.owners.forget_error(sandbox_id)
