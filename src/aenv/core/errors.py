@@ -130,7 +130,12 @@ class RuntimeFailure(AenvError):
 
 class InDoubt(RuntimeFailure):
     """A runtime call got no answer, or was cut short: it may or may not have taken effect
-    (e.g. a pause over runsc's control socket). The caller settles the sandbox another way."""
+    (e.g. a pause over runsc's control socket). The caller settles the sandbox another way.
+    To a client it is 503: the sandbox's runtime is not answering now (not the node's bug, and
+    worth a retry), not a 500."""
+
+    http_status = 503
+    connect_code = "unavailable"
 
 
 class CommandError(AenvError):

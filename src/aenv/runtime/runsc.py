@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from aenv.core import proc
-from aenv.core.errors import CommandError, CommandTimeout, NotFound, RuntimeFailure
+from aenv.core.errors import CommandError, CommandTimeout, InDoubt, NotFound, RuntimeFailure
 
 RUNSC = Path("/usr/bin/runsc")
 
@@ -130,7 +130,8 @@ def map_runsc_errors(sandbox_id: str, action: str, *, log: Path | None = None) -
     try:
         yield
     except CommandTimeout as exc:
-        raise RuntimeFailure(
+        # Killed at its timeout: whether it took effect is unknown.
+        raise InDoubt(
             f"runsc {action} of sandbox {sandbox_id} did not finish: {exc.stderr.strip()}"
         ) from exc
     except CommandError as exc:
