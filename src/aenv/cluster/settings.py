@@ -17,10 +17,8 @@ docstrings (``python -m aenv.cluster.settings``).
 from __future__ import annotations
 
 import copy
-import os
 import sys
 from collections.abc import Collection
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationError
@@ -28,10 +26,9 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
-from aenv.core.settings import DEFAULT_CONFIG_FILE, Settings
+from aenv.core.settings import Settings, config_sources
 from aenv.edge.limits import BodyLimits
 from aenv.edge.protocol import ConnectionLimits
 
@@ -67,11 +64,7 @@ class RoleSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        config_file = Path(os.environ.get("AENV_CONFIG", DEFAULT_CONFIG_FILE))
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if config_file.is_file():
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
-        return tuple(sources)
+        return config_sources(settings_cls, init_settings, env_settings)
 
 
 class SchedulerSettings(RoleSettings):

@@ -396,11 +396,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        config_file = Path(os.environ.get("AENV_CONFIG", DEFAULT_CONFIG_FILE))
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if config_file.is_file():
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
-        return tuple(sources)
+        return config_sources(settings_cls, init_settings, env_settings)
 
     def repository_location(self) -> str:
         """The repository setting, with its default filled in."""
@@ -450,3 +446,15 @@ def reference_markdown() -> str:
 
 if __name__ == "__main__":
     sys.stdout.write(reference_markdown())
+
+
+def config_sources(settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                   env_settings: PydanticBaseSettingsSource
+                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+    """Arguments, then ``AENV_*``, then the ``AENV_CONFIG`` TOML file if it exists: the order
+    every aenv role's settings read (node, gateway, scheduler)."""
+    config_file = Path(os.environ.get("AENV_CONFIG", DEFAULT_CONFIG_FILE))
+    sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+    if config_file.is_file():
+        sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+    return tuple(sources)
