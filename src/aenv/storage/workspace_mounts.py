@@ -115,27 +115,25 @@ async def unmount_image(sandbox_id: str, image: Path, mount_point: Path, *,
 
 
 async def freeze(mount_point: Path) -> None:
-    """``fsfreeze -f``: flush the mounted ext4 clean and block its writers until :func:`thaw`."""
-    fsfreeze = loopdev.require_tool("fsfreeze", "util-linux")
-    try:
-        await proc.run([fsfreeze, "--freeze", str(mount_point)], timeout=FREEZE_TIMEOUT_S)
-    except CommandError as exc:
-        # Frozen already: only the node freezes workspaces, so this is a freeze a node killed
-        # mid-fork left (the torture met it as a 500). Frozen is what the caller wants; its
-        # thaw ends both.
-        if _FROZEN not in exc.stderr:
-            raise
-        log.info("%s was frozen already (left by an interrupted freeze)", mount_point)
+    """``fsfreeze -f``: flush the mounted ext4 clean and block its writers until :func:`thaw`.
+    One frozen already counts as frozen: only the node freezes workspaces, so that is a freeze
+    a node killed mid-fork left (the torture met it as a 500); the caller's thaw ends both."""
+    await _fsfreeze("--freeze", mount_point, tolerated=_FROZEN)
 
 
 async def thaw(mount_point: Path) -> None:
     """``fsfreeze -u``; a filesystem that is not frozen counts as thawed."""
+    await _fsfreeze("--unfreeze", mount_point, tolerated=_NOT_FROZEN)
+
+
+async def _fsfreeze(mode: str, mount_point: Path, *, tolerated: str) -> None:
     fsfreeze = loopdev.require_tool("fsfreeze", "util-linux")
     try:
-        await proc.run([fsfreeze, "--unfreeze", str(mount_point)], timeout=FREEZE_TIMEOUT_S)
+        await proc.run([fsfreeze, mode, str(mount_point)], timeout=FREEZE_TIMEOUT_S)
     except CommandError as exc:
-        if _NOT_FROZEN not in exc.stderr:
+        if tolerated not in exc.stderr:
             raise
+        log.info("fsfreeze %s %s: %s (nothing to do)", mode, mount_point, tolerated)
 
 
 async def wait_released(sandbox_id: str, image: Path) -> None:
