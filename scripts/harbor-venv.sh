@@ -54,7 +54,17 @@ echo "harbor-venv: making $VENV with $PYTHON (harbor[e2b]==$HARBOR_VERSION)" >&2
 rm -rf "$VENV"
 mkdir -p "$(dirname -- "$VENV")"
 "$PYTHON" -m venv "$VENV"
-"$VENV/bin/pip" install --quiet "harbor[e2b]==$HARBOR_VERSION" >&2
+# A download that arrives damaged fails pip's hash check (a CI run met one); the next
+# attempt downloads afresh (no cache) instead of failing the suite on one bad transfer.
+for attempt in 1 2 3; do
+    if "$VENV/bin/pip" install --quiet $([ "$attempt" -gt 1 ] && echo --no-cache-dir) \
+            "harbor[e2b]==$HARBOR_VERSION" >&2; then
+        break
+    fi
+    [ "$attempt" -lt 3 ] || exit 1
+    echo "harbor-venv: pip install failed (attempt $attempt); trying again" >&2
+    sleep 2
+done
 # aenv.client's runtime dependencies (harbor[e2b] brings them already; pinned here so a later
 # Harbor that drops them cannot break the plugin), then the checkout itself without its
 # server-side dependencies.
