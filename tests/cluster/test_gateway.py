@@ -5,6 +5,7 @@ pagination, kills unbind, unknown ids are E2B 404s."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -186,10 +187,8 @@ def test_a_hung_node_is_suspect_then_lost_and_the_other_serves(
     finally:
         # Whatever failed above, the next tests get both nodes with no sandboxes of this one.
         for sbx in on_b + keep:
-            try:
+            with contextlib.suppress(Exception):  # after a failure already reported
                 sbx.kill()
-            except Exception:  # noqa: BLE001 - cleanup after a failure already reported
-                pass
 
 
 def test_sandboxes_count_against_their_api_key(
