@@ -34,17 +34,19 @@ pytestmark = [
 ]
 
 
-def _pinned_version() -> str:
-    """The ``e2b`` version package.json asks for (an exact pin, e.g. ``2.51.0``)."""
+def _pins() -> dict[str, str]:
+    """The exact versions package.json asks for (``e2b``, ``@e2b/code-interpreter``)."""
     manifest = json.loads((JS_DIR / "package.json").read_text())
-    return str(manifest["dependencies"]["e2b"])
+    return {name: str(version) for name, version in manifest["dependencies"].items()}
 
 
-def _installed_version() -> str | None:
-    manifest = JS_DIR / "node_modules" / "e2b" / "package.json"
-    if not manifest.exists():
-        return None
-    return str(json.loads(manifest.read_text())["version"])
+def _installed() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name in _pins():
+        manifest = JS_DIR / "node_modules" / name / "package.json"
+        found[name] = (str(json.loads(manifest.read_text())["version"])
+                       if manifest.exists() else None)
+    return found
 
 
 def ensure_node_modules() -> None:
@@ -53,7 +55,7 @@ def ensure_node_modules() -> None:
     node_modules is gitignored, so a fresh checkout installs once; a stale install (the pin in
     package.json moved) is reinstalled rather than silently testing the old SDK.
     """
-    if _installed_version() == _pinned_version():
+    if _installed() == _pins():
         return
     npm = shutil.which("npm")
     if npm is None:
@@ -71,7 +73,7 @@ def ensure_node_modules() -> None:
     )
     if result.returncode != 0:
         pytest.fail(f"npm {verb} failed in {JS_DIR}:\n{result.stdout}\n{result.stderr}")
-    assert _installed_version() == _pinned_version(), "npm did not install the pinned e2b"
+    assert _installed() == _pins(), "npm did not install the pinned packages"
 
 
 @pytest.fixture

@@ -168,7 +168,8 @@ def start_server(port: int, home: Path | None = None, *, netns: str | None = Non
     mode = os.environ.get("AENV_TEST_WORKSPACE")
     # Pre-created sandboxes cost every server start ~0.1 s of CPU each: only the tests of
     # the pool ask for them.
-    settings = {**_slot_range(), "precreate_pool_size": "0",
+    # The code-interpreter template is built only by the tests of it (a few minutes, once).
+    settings = {**_slot_range(), "precreate_pool_size": "0", "code_interpreter": "false",
                 **({"workspace": mode} if mode else {}), **settings}
     CACHE.mkdir(parents=True, exist_ok=True)
     env = {

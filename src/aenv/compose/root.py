@@ -36,6 +36,7 @@ from aenv.orchestrator.deaths import DeathWatch
 from aenv.orchestrator.gc import run_gc_loop
 from aenv.orchestrator.idle import run_idle_loop
 from aenv.orchestrator.liveness import run_liveness_loop
+from aenv.orchestrator.ops.interpreter_template import run_provision_loop
 from aenv.orchestrator.owners import Owners
 from aenv.orchestrator.paused_repo import publish_pending
 from aenv.orchestrator.precreated import PrecreatedPool
@@ -185,6 +186,10 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
     catalog.use_image(base)
     await node.warm.start(node, base)
     await node.precreated.start(node, base)
+    if settings.code_interpreter:
+        # After the base template's image: the build starts from it, and a node's start-up
+        # (its warm pool's restores) does not share the CPUs with a pip install.
+        node.supervisor.spawn("code-interpreter", partial(run_provision_loop, node))
     if settings.cluster:
         heartbeat = join_cluster(node, settings.cluster)
         stack.push_async_callback(heartbeat.close)

@@ -128,6 +128,12 @@ class Settings(BaseSettings):
     fork of 16 children wants 16. With disk workspaces only template creates use them (a
     fork child's disk does not exist before the fork). 0 disables."""
 
+    code_interpreter: bool = True
+    """Build the built-in ``code-interpreter-v1`` template (what E2B's ``e2b-code-interpreter``
+    SDKs create) in the background at start when it is missing or its recipe changed
+    (docs/interpreter.md): a few minutes once, downloading ~150 MB from PyPI and npm; cached
+    afterwards. Off: that template is only there if built some other way."""
+
     auto_pause_default: bool = True
     """What a sandbox does at the end of its lifetime when the create request does not say
     (``autoPause``): pause (true; see the state machine in docs/architecture.md) or be killed

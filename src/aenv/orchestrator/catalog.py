@@ -9,10 +9,11 @@ sandboxes made from them are restored, not booted.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
-from aenv.core.errors import NotFound
+from aenv.core.errors import NotFound, Unavailable
 from aenv.orchestrator import restore_match
 from aenv.orchestrator.deps import Template
 from aenv.storage.layers import LayerStore
@@ -66,6 +67,12 @@ class TemplateCatalog:
             return await self._built_elsewhere(base) if not sep or tag == DEFAULT_TAG else None
         build_id = await self.built.tagged_build(record.template_id, tag if sep else DEFAULT_TAG)
         if build_id is None:
+            running = await self.built.builds(record.template_id, ["building"])
+            if running:
+                since = time.time() - running[0].created_at
+                raise Unavailable(f"template '{name}' is being built (build "
+                                  f"{running[0].build_id}, for {since:.0f} s); try again when "
+                                  "it is ready")
             raise NotFound(f"template '{name}' has no ready build"
                            + (f" tagged '{tag}'" if sep else ""))
         build = await self.built.get_build(record.template_id, build_id)
