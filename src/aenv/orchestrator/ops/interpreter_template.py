@@ -7,22 +7,25 @@ cutting it short is handled the way the builder handles any build. A build tagge
 recipe's tag and ``ready`` means there is nothing to do; one of this recipe running (another
 call, before a restart) is waited for, not duplicated.
 
+Its inputs are fetched by the node first (``interpreter_inputs.py``).
 ``run_provision_loop`` is the node's background task (``settings.code_interpreter``): a
-build that fails is tried again after ``RETRY_S`` (a registry that was briefly unreachable),
-at most ``ATTEMPTS`` times; then the failure stays in the build's log and creates of the
-template answer that it has no ready build.
+download or build that fails is tried again after ``RETRY_S`` (a registry that was briefly
+unreachable), at most ``ATTEMPTS`` times; then the failure stays in the node's log (and the
+build's), and creates of the template answer that it has no ready build.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 
+import httpx
+
+from aenv.core.errors import AenvError
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.ops.interpreter_inputs import upload_contexts
 from aenv.orchestrator.ops.template_build import BuildSource, request_build, start_build
 from aenv.orchestrator.ops.template_catalog import building
-from aenv.orchestrator.ops.template_files import receive_files
 from aenv.store.templates import DEFAULT_TAG, BuildRecord
 from aenv.templates import code_interpreter
 from aenv.templates.code_interpreter import Recipe
@@ -58,10 +61,13 @@ async def current(node: Node, recipe: Recipe) -> BuildRecord | None:
 async def provide(node: Node) -> BuildRecord:
     """Make sure a ready build of the current recipe exists; its record.
 
-    On failure: ``ProvisionFailed`` when the build ends in ``error``; the template pipeline's
-    errors when the build cannot be asked for or started.
+    On failure: ``ProvisionFailed`` when the build ends in ``error``; the downloads' errors
+    (``interpreter_inputs``) and the template pipeline's when the build cannot be asked for
+    or started.
     """
-    recipe = code_interpreter.recipe()
+    contexts = await upload_contexts(node)
+    recipe = code_interpreter.recipe(inputs_hash=contexts.inputs_hash,
+                                     package_hash=contexts.package_hash)
     store, builder = building(node)
     build = await current(node, recipe)
     if build is None or (build.status == "waiting" and not builder.running(build.build_id)):
@@ -70,7 +76,6 @@ async def provide(node: Node) -> BuildRecord:
         requested = await request_build(
             node, code_interpreter.NAME, [DEFAULT_TAG, recipe.tag],
             cpu_count=code_interpreter.CPU_COUNT, memory_mb=code_interpreter.MEMORY_MB)
-        await receive_files(node, recipe.context_hash, _chunks(recipe.context))
         await start_build(node, requested.template.template_id, requested.build.build_id,
                           BuildSource(from_template="base", steps=recipe.steps,
                                       start_cmd=recipe.start_cmd, ready_cmd=recipe.ready_cmd))
@@ -91,8 +96,10 @@ async def run_provision_loop(node: Node) -> None:
     for attempt in range(1, ATTEMPTS + 1):
         try:
             build = await provide(node)
-        except ProvisionFailed as exc:
-            log.error("%s (attempt %d of %d)", exc, attempt, ATTEMPTS)
+        except (ProvisionFailed, AenvError, httpx.HTTPError, OSError) as exc:
+            # A download or a build step that failed: a registry briefly away, a full disk.
+            log.error("the %s template: %s (attempt %d of %d)", code_interpreter.NAME,
+                      getattr(exc, "message", None) or exc, attempt, ATTEMPTS)
             if attempt < ATTEMPTS:
                 await asyncio.sleep(RETRY_S * attempt)
             continue
@@ -100,5 +107,3 @@ async def run_provision_loop(node: Node) -> None:
         return
 
 
-async def _chunks(data: bytes) -> AsyncIterator[bytes]:
-    yield data
