@@ -41,6 +41,7 @@ bench: deps bundle
 	$(BIN)/python -m bench.burst_bench
 	$(BIN)/python -m bench.cluster
 	$(BIN)/python -m bench.rl_bench --svg docs/img/rl.svg
+	$(BIN)/python -m bench.interpreter
 	$(BIN)/python -m bench.torture --minutes 30 --sandboxes 50
 
 lint: deps

@@ -10,48 +10,27 @@ ones reuse the shared layer cache and only make the memory image again.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 from e2b_code_interpreter import Sandbox
 
 from aenv.client.sync import Client
 from tests.server.harness import API_KEY, NodeServer, serving
+from tests.server.templates_ready import TemplateBuildFailed, wait_ready
 
 #: A cold build (pip and npm downloads, then the memory image) on 2 busy cores.
 BUILD_WITHIN_S = 1200.0
 NAME = "code-interpreter-v1"
 
 
-def _template(server: NodeServer) -> dict[str, object] | None:
-    response = httpx.get(f"{server.url}/templates", headers={"X-API-Key": API_KEY}, timeout=30)
-    response.raise_for_status()
-    return next((t for t in response.json() if NAME in t.get("names", []) + t.get("aliases", [])),
-                None)
-
-
-def _build_log(server: NodeServer, template: dict[str, object]) -> str:
-    response = httpx.get(
-        f"{server.url}/templates/{template['templateID']}/builds/{template['buildID']}/status",
-        headers={"X-API-Key": API_KEY}, params={"logsOffset": 0}, timeout=30)
-    return response.text[-4000:]
-
-
 @pytest.fixture(scope="module")
 def node() -> Iterator[NodeServer]:
     with serving(code_interpreter="true") as server:
-        deadline = time.monotonic() + BUILD_WITHIN_S
-        while True:
-            template = _template(server)
-            status = template.get("buildStatus") if template else None
-            if status == "ready":
-                break
-            if status == "error":
-                pytest.fail(f"the {NAME} build failed:\n{_build_log(server, template or {})}")
-            assert time.monotonic() < deadline, f"{NAME} not built within {BUILD_WITHIN_S} s"
-            time.sleep(2)
+        try:
+            wait_ready(server, NAME, BUILD_WITHIN_S)
+        except TemplateBuildFailed as exc:
+            pytest.fail(str(exc))
         yield server
 
 
