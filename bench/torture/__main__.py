@@ -16,6 +16,7 @@ from tests.server.test_crash_lifecycle import crashable
 
 from bench.torture import checks
 from bench.torture.run import Plan, run
+from bench.torture.world import World
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "torture.json"
 
@@ -38,21 +39,30 @@ def main() -> int:
     # Room for the sandboxes and their fork children. Garbage collected every minute (the
     # default hour would keep every memory image of the run: tens of GB), racing the
     # pauses and snapshots as it would on a busy node.
-    with crashable(
-        pause_hot_s="2",
-        max_sandboxes=str(args.sandboxes * 3),
-        gc_interval_s="60",
-        gc_grace_s="120",
-        repository_cache_bytes=str(4 << 30),
-    ) as node:
-        world = run(node, API_KEY, plan)
-        # Repository blobs too: after a collection pass, none is left that no manifest names
-        # (beyond the grace a commit in flight gets).
-        r = httpx.post(f"{node.url}/repository/gc", headers={"X-API-KEY": API_KEY}, timeout=600)
-        if r.status_code != 200:
-            world.violate(f"repository gc: {r.status_code} {r.text[:200]}")
-        for what in checks.unreferenced_blobs(node.home, older_than_s=130):
-            world.violate(f"leak: {what}")
+    world: World | None = None
+    try:
+        with crashable(
+            pause_hot_s="2",
+            max_sandboxes=str(args.sandboxes * 3),
+            gc_interval_s="60",
+            gc_grace_s="120",
+            repository_cache_bytes=str(4 << 30),
+        ) as node:
+            world = run(node, API_KEY, plan)
+            # Repository blobs too: after a collection pass, none is left that no manifest
+            # names (beyond the grace a commit in flight gets).
+            r = httpx.post(f"{node.url}/repository/gc", headers={"X-API-KEY": API_KEY},
+                           timeout=600)
+            if r.status_code != 200:
+                world.violate(f"repository gc: {r.status_code} {r.text[:200]}")
+            for what in checks.unreferenced_blobs(node.home, older_than_s=130):
+                world.violate(f"leak: {what}")
+    except AssertionError as exc:
+        # What the node left at its stop (runsc processes, mounts): a violation of the run,
+        # reported with the rest instead of ending it without a report.
+        if world is None:
+            raise
+        world.violate(f"leak at the node's stop: {exc}")
     text = checks.report(world)
     print(text)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

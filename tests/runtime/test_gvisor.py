@@ -204,6 +204,25 @@ async def test_destroy_leaves_nothing_behind(sandboxes: SandboxFactory) -> None:
     await runtime.destroy(sbx.instance)  # idempotent
 
 
+
+async def test_destroy_ends_a_sandbox_whose_runsc_state_file_was_cut_short(
+        sandboxes: SandboxFactory) -> None:
+    """A node killed while runsc rewrote a state file leaves it empty: every ``runsc delete``
+    then fails ("unexpected end of JSON input"), and the long torture found the sandbox's
+    processes outliving the node. The delete ends it without runsc instead."""
+    from aenv.runtime.gvisor_teardown import state_file
+
+    sbx = await sandboxes.boot()
+    runtime = sandboxes.runtime
+    state = state_file(runtime.config.state_dir, sbx.instance.runtime_id)
+    assert state.is_file()
+    state.write_bytes(b"")
+    await sandboxes.destroy(sbx)
+    assert not state.exists()
+    assert await runtime.runsc.list() == []
+    assert leftovers(runtime, [sbx.id]) == []
+
+
 BOOT_IN_CHILD = r"""
 import asyncio, dataclasses, json, pathlib, sys
 from aenv.network import slots

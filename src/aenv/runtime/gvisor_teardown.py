@@ -13,9 +13,11 @@ that no delete finds; ``kill_left`` kills those (thawing the cgroup first).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -31,7 +33,22 @@ EXIT_TIMEOUT_S = 10.0
 
 
 async def delete(runsc: Runsc, state_dir: Path, runtime_id: str, pid: int | None) -> None:
-    """``runsc delete runtime_id`` (sandbox ``pid``), then the gofer's exit."""
+    """``runsc delete runtime_id`` (sandbox ``pid``), then the gofer's exit.
+
+    A state file runsc cannot read (empty or cut short: runsc rewrites it in place, and a
+    node killed while a runsc command wrote it leaves it so) makes every ``runsc delete``
+    fail, for good: the sandbox is then ended without runsc — its process killed, the file
+    removed — and ``kill_left`` ends what else is in its cgroup."""
+    state = state_file(state_dir, runtime_id)
+    if _unreadable(state):
+        log.warning("runsc's state file of %s is unreadable (a write cut short): ending the "
+                    "sandbox without runsc", runtime_id)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            await _wait_gone([pid])
+        state.unlink(missing_ok=True)
+        return
     pids = [p for p in (pid, gofer_pid(state_dir, runtime_id)) if p is not None]
     running = asyncio.ensure_future(runsc.delete(runtime_id))
     try:
@@ -56,9 +73,25 @@ async def kill_left(cgroup: str, runtime_id: str) -> None:
         await _wait_gone(sorted(killed))
 
 
+def state_file(state_dir: Path, runtime_id: str) -> Path:
+    """runsc's state file of sandbox ``runtime_id`` (runsc 20240729's naming)."""
+    return state_dir / "runsc" / f"{runtime_id}_sandbox:{runtime_id}.state"
+
+
+def _unreadable(path: Path) -> bool:
+    """The file exists but is not a JSON object (missing is not unreadable: runsc says
+    "not found" itself)."""
+    try:
+        return not isinstance(json.loads(path.read_bytes() or b"null"), dict)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+
+
 def gofer_pid(state_dir: Path, runtime_id: str) -> int | None:
     """The gofer's pid from runsc's state file (None if it has none or is unreadable)."""
-    path = state_dir / "runsc" / f"{runtime_id}_sandbox:{runtime_id}.state"
+    path = state_file(state_dir, runtime_id)
     try:
         pid = json.loads(path.read_text()).get("goferPid")
     except (OSError, ValueError):
