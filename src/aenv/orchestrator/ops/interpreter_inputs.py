@@ -115,13 +115,21 @@ async def upload_contexts(node: Node) -> Contexts:
     """Fetch what is missing, then store both contexts as build uploads; their hashes."""
     cache = cache_dir(node)
     cache.mkdir(parents=True, exist_ok=True)
-    locked, tgz = await asyncio.gather(wheels(cache), deno(cache))
     package = await asyncio.to_thread(ci.package_tar, ci.server_package())
     package_hash = hashlib.sha256(package).hexdigest()
     await receive_files(node, package_hash, _bytes(package))
+    # The inputs context is ~115 MB: made (and its Deno tarball re-checked) once per lock,
+    # not at every start; the marker names the upload it made.
+    lock_key = hashlib.sha256(repr((ci.PIP_LOCK, ci.DENO_INTEGRITY)).encode()).hexdigest()
+    marker = cache / f"inputs-{lock_key[:16]}.sha256"
+    known = marker.read_text().strip() if marker.is_file() else ""
+    if known and (node.builder.files_dir / known).is_file():
+        return Contexts(inputs_hash=known, package_hash=package_hash)
+    locked, tgz = await asyncio.gather(wheels(cache), deno(cache))
     with tempfile.TemporaryFile(dir=cache) as out:
         inputs_hash = await asyncio.to_thread(_write_inputs, locked, tgz, out)
         await receive_files(node, inputs_hash, _file(out))
+    marker.write_text(inputs_hash)
     return Contexts(inputs_hash=inputs_hash, package_hash=package_hash)
 
 
