@@ -65,7 +65,7 @@ def run(node: CrashableNode, api_key: str, plan: Plan) -> World:
         t.join()
     with _client_api(node, api_key) as api:
         states = checks.settled(world, api)
-        checks.files_kept(world, states)
+        checks.files_kept(world, api, states)
         checks.kill_all(world, api)
     checks.leaks(world, node.home, slot_range, slots_before)
     return world

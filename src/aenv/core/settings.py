@@ -146,6 +146,12 @@ class Settings(BaseSettings):
     max_hot_paused: int = Field(default=8, ge=0)
     """At most this many sandboxes stay frozen in memory; older ones are written out first."""
 
+    max_concurrent_spills: int = Field(default=2, ge=1)
+    """At most this many frozen sandboxes are written to disk at once; the rest wait their
+    turn without holding their sandbox, so a resume of one of them never waits behind a
+    spill. Many checkpoints at once on a few cores each take tens of seconds (a resume that
+    meets one waits for it)."""
+
     idle_pause_s: int | None = Field(default=None, ge=1)
     """Idle auto-pause: a running sandbox with no API call naming it and no proxied request or
     open stream for this many seconds is paused (memory kept; resumed by ``connect``, or by

@@ -41,6 +41,9 @@ class Spiller:
         self._running: set[asyncio.Task[object]] = set()
         #: sandbox id → failed spills in a row (for the backoff).
         self._failures: dict[str, int] = {}
+        #: Checkpoints share the node's few cores: a bounded number write at once, and a
+        #: spill waiting here holds no sandbox (``max_concurrent_spills``).
+        self._writers = asyncio.Semaphore(settings.max_concurrent_spills)
 
     def schedule(self, sandbox_id: str, *, delay: float | None = None) -> None:
         hot = self._settings.pause_hot_s if delay is None else delay
@@ -95,7 +98,10 @@ class Spiller:
         if node is None:
             raise FailedPrecondition("the spiller has not started")
         try:
-            await spill(node, sandbox_id)
+            async with self._writers:
+                if sandbox_id in self._due:  # re-scheduled (or cancelled) while it waited
+                    return
+                await spill(node, sandbox_id)
         except Conflict as exc:
             if node.owners.killed(sandbox_id):
                 return
