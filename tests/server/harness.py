@@ -69,6 +69,7 @@ def client_env(server: NodeServer) -> dict[str, str]:
         "E2B_API_KEY": API_KEY,
         "E2B_API_URL": server.url,
         "E2B_SANDBOX_URL": server.url,
+        "E2B_VOLUME_API_URL": server.url,
         "E2B_DOMAIN": "aenv.test",
     }
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from aenv.api.schemas import Lifecycle, ListedSandbox, SandboxDetail, SandboxOut
+from aenv.api.schemas import (
+    Lifecycle,
+    ListedSandbox,
+    SandboxDetail,
+    SandboxOut,
+    VolumeMountOut,
+)
 from aenv.core.settings import Settings
 from aenv.core.states import SandboxState
 from aenv.envd import ENVD_VERSION
@@ -47,6 +53,9 @@ def listed(record: SandboxRecord) -> ListedSandbox:
         state=record.state.public,
         envdVersion=ENVD_VERSION,
         metadata=record.metadata,
+        volumeMounts=[VolumeMountOut(name=str(m["name"]), path=str(m["path"]),
+                                     readOnly=bool(m.get("read_only")))
+                      for m in record.volume_mounts or ()],
     )
 
 

@@ -52,6 +52,7 @@ from aenv.orchestrator.ops import pause as pause_op
 from aenv.orchestrator.ops import resume as resume_op
 from aenv.orchestrator.ops import snapshot as snapshot_op
 from aenv.orchestrator.ops import template_catalog as catalog_op
+from aenv.orchestrator.volumes import MountRequest
 
 
 def _touch(request: Request) -> None:
@@ -96,6 +97,8 @@ async def _create(node: Node, body: NewSandbox) -> SandboxOut:
         network=body.network,
         fork_of=(body.fork_of.template_id, body.fork_of.alias) if body.fork_of else None,
         fresh_boot_id=body.fork_of is None,
+        volume_mounts=tuple(MountRequest(m.name, m.path, m.read_only)
+                            for m in body.volume_mounts or ()),
     )
     record = await create_op.create(node, params)
     return sandbox_out(record, node.settings)

@@ -12,7 +12,7 @@ TimeoutSeconds = Annotated[int, Field(ge=0)]
 
 
 class _In(BaseModel):
-    # Clients send fields we do not act on (mcp, iam, volumeMounts, ...): accept and ignore.
+    # Clients send fields we do not act on (mcp, iam, ...): accept and ignore.
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
@@ -28,6 +28,16 @@ class ForkOf(_In):
 
     template_id: str = Field(alias="templateID", min_length=1, max_length=255)
     alias: str | None = Field(default=None, max_length=255)
+
+
+class VolumeMountIn(_In):
+    """One ``volumeMounts`` entry: a volume by name at an absolute path."""
+
+    name: str = Field(max_length=255)
+    path: str = Field(max_length=4096)
+    #: aenv's own (the SDKs never send it): many sandboxes may mount a volume read-only, one
+    #: read-write (docs/volumes.md).
+    read_only: bool = Field(default=False, alias="readOnly")
 
 
 class NewSandbox(_In):
@@ -46,6 +56,8 @@ class NewSandbox(_In):
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     secure: bool | None = None
     fork_of: ForkOf | None = Field(default=None, alias="forkOf")
+    volume_mounts: list[VolumeMountIn] | None = Field(default=None, alias="volumeMounts",
+                                                      max_length=32)
 
 
 class NetworkUpdate(_In):
@@ -113,6 +125,13 @@ class Lifecycle(BaseModel):
     autoPauseMemory: bool | None = None
 
 
+class VolumeMountOut(BaseModel):
+    name: str
+    path: str
+    #: aenv's own.
+    readOnly: bool = False
+
+
 class ListedSandbox(BaseModel):
     templateID: str
     alias: str | None = None
@@ -126,6 +145,7 @@ class ListedSandbox(BaseModel):
     state: str
     envdVersion: str
     metadata: dict[str, str] | None = None
+    volumeMounts: list[VolumeMountOut] = Field(default_factory=list)
 
 
 class LifecycleNow(BaseModel):

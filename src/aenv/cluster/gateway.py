@@ -109,6 +109,9 @@ class Gateway:
         path = request.url.path
         if path == "/health":
             return JSONResponse({"status": "ok"})
+        if path.startswith("/volumecontent/"):
+            # Authorised by the volume's token, which any node checks (api/volume_tokens.py).
+            return await self._to_any(request)
         if not self._authorized(request):
             return error_body(401, "missing or invalid X-API-KEY")
         if path in _LIST_PATHS and request.method == "POST":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from aenv.cluster.model import NodeInfo
 from aenv.core.errors import InvalidArgument
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.node_identity import node_id
 from aenv.orchestrator.restore_match import requirements_key
 
 log = logging.getLogger("aenv.cluster.heartbeat")
@@ -71,17 +71,7 @@ def memory() -> tuple[int, int]:
 
 
 def node_id_of(node: Node) -> str:
-    """``node_id`` from the settings, else the one kept in ``<home>/node_id`` (made once:
-    the host name and a random suffix, so two nodes on one host differ)."""
-    if node.settings.node_id:
-        return node.settings.node_id
-    path = node.settings.home / "node_id"
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        made = f"{os.uname().nodename}-{os.urandom(3).hex()}"
-        path.write_text(made + "\n")
-        return made
+    return node_id(node.settings)
 
 
 def advertised(node: Node) -> str:

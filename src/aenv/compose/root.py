@@ -36,6 +36,7 @@ from aenv.orchestrator.deaths import DeathWatch
 from aenv.orchestrator.gc import run_gc_loop
 from aenv.orchestrator.idle import run_idle_loop
 from aenv.orchestrator.liveness import run_liveness_loop
+from aenv.orchestrator.node_identity import node_id
 from aenv.orchestrator.ops.interpreter_template import run_provision_loop
 from aenv.orchestrator.owners import Owners
 from aenv.orchestrator.paused_repo import publish_pending
@@ -47,11 +48,14 @@ from aenv.orchestrator.spill import Spiller
 from aenv.orchestrator.supervisor import Supervisor
 from aenv.orchestrator.template_image import with_memory_image
 from aenv.orchestrator.ttl import run_ttl_loop
+from aenv.orchestrator.volumes import Volumes
 from aenv.orchestrator.warm import WarmPool
 from aenv.runtime import reaper
 from aenv.runtime.registry import build_runtime
 from aenv.storage.layers import LayerStore
 from aenv.storage.rootfs import RootfsStore
+from aenv.storage.volume_catalog import VolumeCatalog
+from aenv.storage.volume_images import VolumeImages
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
 
@@ -125,6 +129,8 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         precreated=PrecreatedPool(settings.precreate_pool_size),
         spiller=Spiller(settings),
         host_requirements=catalog.host, workspaces=workspaces,
+        volumes=Volumes(settings, VolumeCatalog(repository.store), VolumeImages(settings.home),
+                        node_id(settings)),
         supervisor=Supervisor(),
         admission=Admission(max_starts=settings.max_concurrent_starts,
                             max_waiting=settings.max_queued_starts,
@@ -164,6 +170,9 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
              "%d could not be recovered (torn down)",
              len(set(plan.reattach) - set(plan.failed)), len(plan.teardown),
              len(plan.orphans), len(swept), len(plan.failed))
+    node.volumes.images.clean_staging()
+    await node.volumes.recover(node.store)
+    _closing(stack, "the volumes", node.volumes.release_all)
     if published := await publish_pending(node):
         log.info("published %d paused sandboxes to the repository", published)
     if failed := await node.builder.recover():
@@ -172,6 +181,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
     loops: dict[str, Callable[[], Awaitable[None]]] = {
         "ttl": partial(run_ttl_loop, node), "idle": partial(run_idle_loop, node),
         "liveness": partial(run_liveness_loop, node), "reaper": reaper.sweep,
+        "volume-release": node.volumes.run_release_loop,
     }
     if settings.gc_interval_s:
         loops["gc"] = partial(run_gc_loop, node)

@@ -34,9 +34,12 @@ class AenvError(Exception):
     http_status: int = 500
     connect_code: str = "internal"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        #: A machine-readable cause where an API names one (the volume content API's
+        #: ``CANNOT_DELETE_ROOT``...); None: the status says it all.
+        self.reason = reason
 
 
 class InvalidArgument(AenvError):

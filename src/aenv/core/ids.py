@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import string
+import uuid
 
 _ALPHABET = string.ascii_lowercase + string.digits
 
@@ -43,3 +44,15 @@ SNAPSHOT_ID_PREFIX = "snap"
 
 def new_snapshot_id() -> str:
     return SNAPSHOT_ID_PREFIX + "".join(secrets.choice(_ALPHABET) for _ in range(16))
+
+
+def new_volume_id() -> str:
+    """A volume id: a UUID, as E2B's (its server answers 400 to anything else)."""
+    return str(uuid.uuid4())
+
+
+def is_volume_id(value: str) -> bool:
+    try:
+        return str(uuid.UUID(value)) == value
+    except ValueError:
+        return False

@@ -30,6 +30,23 @@ def error_content(status: int, message: str, **extra: object) -> dict[str, objec
     return {"code": status, "message": message, **extra}
 
 
+#: The volume content API (E2B's ``openapi-volumecontent``) answers ``{"code": "<NAME>", ...}``
+#: with a *string* code; a status without its own name there is named by this table.
+_CONTENT_PATH = "/volumecontent/"
+_CONTENT_CODES = {400: "INVALID_REQUEST", 401: "UNAUTHORIZED", 404: "PATH_NOT_FOUND",
+                  409: "PATH_ALREADY_EXISTS", 413: "TOO_LARGE", 429: "RATE_LIMITED",
+                  503: "UNAVAILABLE", 507: "VOLUME_FULL"}
+
+
+def _answer(request: Request, status: int, message: str, reason: str | None = None,
+            headers: dict[str, str] | None = None) -> JSONResponse:
+    if request.url.path.startswith(_CONTENT_PATH):
+        code = reason or _CONTENT_CODES.get(status, "INTERNAL_ERROR")
+        return JSONResponse({"code": code, "message": message}, status_code=status,
+                            headers=headers)
+    return error_body(status, message, headers)
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -44,18 +61,18 @@ def install(app: FastAPI) -> None:
         if exc.http_status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, exc.message)
         retry = exc.retry_after_s if isinstance(exc, ResourceExhausted) else None
-        return error_body(exc.http_status, exc.message,
-                          None if retry is None else {"Retry-After": str(retry)})
+        return _answer(request, exc.http_status, exc.message, exc.reason,
+                       None if retry is None else {"Retry-After": str(retry)})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_body(400, _validation_message(exc))
+        return _answer(request, 400, _validation_message(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_body(exc.status_code, str(exc.detail))
+        return _answer(request, exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_body(500, f"internal error: {type(exc).__name__}")
+        return _answer(request, 500, f"internal error: {type(exc).__name__}")

@@ -22,8 +22,9 @@ from aenv.core.settings import Settings
 from aenv.edge.errors import error_body
 from aenv.edge.protocol import abort
 
-#: ``PUT`` of a build-file upload: streamed to disk by its route, within ``max_upload_bytes``.
-_UPLOAD = re.compile(r"^/templates/[^/]+/files/[^/]+/upload$")
+#: ``PUT`` of a build-file upload or of a volume file: streamed to disk by its route, within
+#: ``max_upload_bytes`` (a volume's own size bounds the second too).
+_UPLOAD = re.compile(r"^(/templates/[^/]+/files/[^/]+/upload|/volumecontent/[^/]+/file)$")
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class BodyLimits:
 
 
 def is_upload(scope: Scope) -> bool:
-    """A build-file upload (``PUT`` to its signed URL)."""
+    """A build-file upload (``PUT`` to its signed URL) or a volume file's write."""
     return scope["method"] == "PUT" and _UPLOAD.match(scope["path"]) is not None
 
 

@@ -22,6 +22,7 @@ from aenv.orchestrator.deps import (
 from aenv.orchestrator.liveness import Liveness
 from aenv.orchestrator.owners import Owners
 from aenv.orchestrator.supervisor import Supervisor
+from aenv.orchestrator.volumes import Volumes
 from aenv.runtime.base import Runtime
 from aenv.storage.images import ImageStore
 from aenv.storage.layers import LayerStore
@@ -123,6 +124,7 @@ class Node:
     #: Disk workspaces (``workspace = "disk"``): the sandboxes' disk images; None: the
     #: memory workspace mode.
     workspaces: WorkspaceStore | None
+    volumes: Volumes
     #: Owns every background loop (``supervisor.py``).
     supervisor: Supervisor = field(default_factory=Supervisor)
     streams: StreamRegistry = field(default_factory=StreamRegistry)

@@ -20,6 +20,16 @@ ENVD_MOUNT = "/opt/aenv/envd"
 
 
 @dataclass(frozen=True)
+class VolumeBind:
+    """A host directory (a volume's mount, ``storage/volume_images.py``) bound into the sandbox."""
+
+    source: Path
+    #: Absolute path inside the sandbox.
+    destination: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """Everything needed to boot one sandbox."""
 
@@ -40,6 +50,9 @@ class SandboxSpec:
     #: the overlay's upper directory collects them — build sandboxes, whose writes become a
     #: template layer. A ``host`` sandbox is never checkpointed.
     root_writes: Literal["memory", "host"] = "memory"
+    #: Volumes bound into it. A restore must be given the same destinations as the checkpoint
+    #: was taken with (sources may differ: a fork child's are its own).
+    volumes: tuple[VolumeBind, ...] = ()
 
 
 @dataclass(frozen=True)

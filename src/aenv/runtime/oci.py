@@ -204,6 +204,13 @@ def sandbox_config(
             {"destination": SUDO_PATH, "type": "bind", "source": str(sudo),
              "options": ["bind", "ro"]}
         )
+    for volume in spec.volumes:
+        # Shared file access (runsc's default for mounts): what the content API or another
+        # sandbox writes on the host is seen at once, as E2B's uncached NFS mounts are.
+        mounts.append(
+            {"destination": volume.destination, "type": "bind", "source": str(volume.source),
+             "options": ["rbind", "ro" if volume.read_only else "rw"]}
+        )
     for name, source in sorted((etc_mounts or {}).items()):
         mounts.append(
             {

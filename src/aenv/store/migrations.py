@@ -97,4 +97,8 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE sandboxes ADD COLUMN auto_pause_memory INTEGER NOT NULL DEFAULT 1;
     """,
+    # 5: the volumes a sandbox has mounted (name, path, volume id, read-only)
+    """
+    ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT;
+    """,
 ]

@@ -37,6 +37,8 @@ class SandboxRecord:
     instance: dict[str, Any] | None = None
     state_changed_at: float = 0.0
     last_error: str | None = None
+    #: Its volumes: ``[{"name", "path", "volume_id", "read_only"}]`` in the order given.
+    volume_mounts: list[dict[str, Any]] | None = None
 
     def evolve(self, **changes: Any) -> SandboxRecord:
         return replace(self, **changes)
@@ -47,7 +49,7 @@ class SandboxRecord:
 #: stop a listing nor the node's recovery (which tears such a sandbox down).
 UNREADABLE = "unreadable"
 
-JSON_COLUMNS = {"metadata", "env_vars", "network", "instance"}
+JSON_COLUMNS = {"metadata", "env_vars", "network", "instance", "volume_mounts"}
 BOOL_COLUMNS = {"auto_pause", "auto_resume", "auto_pause_memory"}
 COLUMNS = [f.name for f in fields(SandboxRecord)]
 

@@ -21,7 +21,7 @@ from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.unwind import to_the_end
-from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
+from aenv.runtime.base import Instance, MemoryImage, SandboxSpec, VolumeBind
 
 if TYPE_CHECKING:
     from aenv.orchestrator.precreated import Precreated
@@ -62,6 +62,7 @@ async def boot_sandbox(
     policy: EgressPolicy | None = None,
     root_writes: Literal["memory", "host"] = "memory",
     precreated: Precreated | None = None,
+    volumes: tuple[VolumeBind, ...] = (),
 ) -> Booted:
     """Prerequisites: ``sandbox_id`` is new, or ``precreated`` is a pre-created sandbox of
     ``template``'s shape with that id (then ``on_slot`` and ``policy`` are the caller's
@@ -91,7 +92,7 @@ async def boot_sandbox(
                                                 seed=template.disk_image)
             lap("rootfs")
             spec = replace(sandbox_spec(sandbox_id, rootfs, bundle, template, cpu, memory),
-                           root_writes=root_writes)
+                           root_writes=root_writes, volumes=volumes)
             if template.image is None:
                 instance = await node.runtime.boot(spec, slot)
                 lap("boot")

@@ -28,6 +28,7 @@ from aenv.orchestrator.instance_codec import instance_json
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, release
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.unwind import to_the_end
+from aenv.orchestrator.volumes import Mounted, MountRequest
 from aenv.store.models import SandboxRecord
 
 if TYPE_CHECKING:
@@ -59,6 +60,10 @@ class CreateParams:
     #: fork spread): the parent's template id and alias, which it is of, as a child forked on
     #: the parent's node is (``fork.py``). None: of the template it is made from.
     fork_of: tuple[str, str | None] | None = None
+    #: ``volumeMounts`` as asked for (checked and checked out by ``orchestrator/volumes.py``).
+    volume_mounts: tuple[MountRequest, ...] = ()
+    #: A fork child's volumes: its parent's, read-only.
+    inherited_volumes: tuple[Mounted, ...] = ()
 
 
 async def create(node: Node, params: CreateParams) -> SandboxRecord:
@@ -101,10 +106,12 @@ async def create_from(node: Node, template: Template, params: CreateParams, *,
     """Create a sandbox of an already resolved ``template`` (a fork child's template is the
     parent's memory image). Contract: as the module's."""
     policy = policy_from(params.allow_internet_access, params.network)
-    warm = node.warm.take(template)
-    pre = None
-    if warm is None and template.image is not None:
-        pre = node.precreated.take(template)
+    warm = pre = None
+    # A sandbox with volumes boots with their binds: the pools' sandboxes have none.
+    if not (params.volume_mounts or params.inherited_volumes):
+        warm = node.warm.take(template)
+        if warm is None and template.image is not None:
+            pre = node.precreated.take(template)
     with node.precreated.busy():
         return await _create(node, template, params, policy, warm, pre, detach)
 
@@ -159,12 +166,16 @@ async def _create_owned(node: Node, template: Template, params: CreateParams,
         raise
     from_pool = warm is not None
     try:
+        mounted = await _volumes(node, record.sandbox_id, params)
+        if mounted:
+            record = await node.store.update(record,
+                                             volume_mounts=[m.as_json() for m in mounted])
         if warm is None:
             if pre is not None and policy != EgressPolicy():
                 await node.pool.set_egress(pre.slot, policy)
             warm = await boot_sandbox(
                 node, record.sandbox_id, template, on_slot=partial(_persist_slot, node, record),
-                policy=policy, precreated=pre,
+                policy=policy, precreated=pre, volumes=node.volumes.binds(mounted),
             )
             record = await node.store.require(record.sandbox_id)
             record = await node.store.update(record, instance=instance_json(
@@ -176,6 +187,14 @@ async def _create_owned(node: Node, template: Template, params: CreateParams,
     except BaseException:
         await to_the_end(_abandon(node, record.sandbox_id))
         raise
+
+
+async def _volumes(node: Node, sandbox_id: str, params: CreateParams) -> list[Mounted]:
+    if params.volume_mounts:
+        return await node.volumes.attach(sandbox_id, params.volume_mounts)
+    if params.inherited_volumes:
+        await node.volumes.adopt(sandbox_id, params.inherited_volumes)
+    return list(params.inherited_volumes)
 
 
 async def _persist_slot(node: Node, record: SandboxRecord, slot: NetSlot) -> None:

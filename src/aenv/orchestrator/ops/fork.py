@@ -41,6 +41,7 @@ from aenv.orchestrator.deps import Template
 from aenv.orchestrator.instance_codec import envd_bundle_of
 from aenv.orchestrator.ops.create import CreateParams, check_capacity, create_from
 from aenv.orchestrator.ops.snapshot import back_to_running, checkpoint_running
+from aenv.orchestrator.volumes import mounts_of
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.fork")
@@ -108,6 +109,9 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
             allow_internet_access=record.allow_internet_access,
             network=record.network,
             fresh_boot_id=False,  # a child continues its parent's boot
+            # The parent keeps writing its volumes; its children read them (one writer).
+            inherited_volumes=tuple(replace(m, read_only=True)
+                                    for m in mounts_of(record.volume_mounts)),
         )
         outcomes = await asyncio.gather(
             # Not detached: a kill of the source that cancels the fork abandons its children.

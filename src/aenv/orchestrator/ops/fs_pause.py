@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from aenv.core.net import NetSlot
 from aenv.core.states import SandboxState
@@ -33,6 +34,7 @@ from aenv.orchestrator.instance_codec import decode, envd_bundle_of, instance_js
 from aenv.orchestrator.ops.boot import sandbox_spec
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.orchestrator.unwind import to_the_end
+from aenv.orchestrator.volumes import mounts_of
 from aenv.runtime.base import Instance
 from aenv.store.models import SandboxRecord
 
@@ -83,7 +85,9 @@ async def reboot(node: Node, record: SandboxRecord) -> tuple[SandboxRecord, dict
         record = await node.store.update(
             record, instance={**(record.instance or {}), "slot": instance_json(slot, None)["slot"]})
         rootfs = await node.rootfs.ensure_mounted(sid)
-        spec = sandbox_spec(sid, rootfs, bundle, template, record.cpu_count, record.memory_mb)
+        spec = replace(
+            sandbox_spec(sid, rootfs, bundle, template, record.cpu_count, record.memory_mb),
+            volumes=node.volumes.binds(mounts_of(record.volume_mounts)))
         instance = await node.runtime.boot(spec, slot)
         async with EnvdClient(node.guests.transport(slot), slot) as envd:
             await envd.wait_ready(node.settings.envd_ready_timeout_s)

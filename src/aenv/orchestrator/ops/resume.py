@@ -50,6 +50,7 @@ from aenv.orchestrator.ops.lifetime import set_timeout
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.precreated import Precreated, shape
 from aenv.orchestrator.unwind import to_the_end
+from aenv.orchestrator.volumes import mounts_of
 from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
 from aenv.store.models import SandboxRecord
 
@@ -178,7 +179,7 @@ async def _restore(
     instance: Instance | None = None
     try:
         image = MemoryImage.at(image_path)
-        pre = await _adopt_precreated(node, record, bundle)
+        pre = None if record.volume_mounts else await _adopt_precreated(node, record, bundle)
         if pre is not None:
             slot, instance = pre.slot, replace(pre.instance, sandbox_id=sid)
             lap("precreated")
@@ -199,7 +200,8 @@ async def _restore(
             rootfs = await node.rootfs.ensure_mounted(sid)
             lap("rootfs")
             spec = SandboxSpec(sandbox_id=sid, rootfs=rootfs, envd_bundle=bundle,
-                               cpu_count=record.cpu_count, memory_mb=record.memory_mb)
+                               cpu_count=record.cpu_count, memory_mb=record.memory_mb,
+                               volumes=node.volumes.binds(mounts_of(record.volume_mounts)))
             instance = await node.runtime.restore(image, spec, slot)
         lap("restore")
         async with EnvdClient(node.guests.transport(slot), slot) as envd:

@@ -35,6 +35,7 @@ async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False) -> 
         steps.append(("guest connection", lambda: node.guests.forget(slot)))
         steps.append(("network slot", lambda: node.pool.release(slot)))
     first: Exception | None = None
+    runtime_left = False
     for what, step in steps:
         try:
             await step()
@@ -42,6 +43,10 @@ async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False) -> 
             log.warning("teardown of %s: could not release its %s: %s", sid, what,
                         getattr(exc, "message", exc))
             first = first or exc
+            runtime_left = runtime_left or what == "runtime"
+    if not runtime_left:
+        # Its volumes are free once nothing of it can write them any more.
+        node.volumes.detach(sid)
     node.spiller.cancel(sid)
     image = node.paused_dir / sid
     for path in (image, image.with_name(image.name + ".partial")):
