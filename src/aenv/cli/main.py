@@ -18,6 +18,7 @@ from aenv.cli.node import app as node_app
 from aenv.cli.server import app as server_app
 from aenv.cli.snapshot import app as snapshot_app
 from aenv.cli.template import app as template_app
+from aenv.cli.volume import app as volume_app
 
 app = typer.Typer(
     name="aenv",
@@ -33,6 +34,7 @@ app.add_typer(node_app, name="node")
 app.add_typer(server_app, name="server")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
+app.add_typer(volume_app, name="volume")
 for group in (sandboxes, shell, execute, copy, info, doctor, cluster):
     group.register(app)
 

@@ -30,6 +30,7 @@ from aenv.client.errors import (
 )
 from aenv.client.runs import RUN_LABEL
 from aenv.client.sandbox import CommandResult, Sandbox
+from aenv.client.volumes import VolumeEntry, VolumeInfo, Volumes
 
 __all__ = [
     "RUN_LABEL",
@@ -56,6 +57,9 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "UsageError",
+    "VolumeEntry",
+    "VolumeInfo",
+    "Volumes",
     "load_credentials",
     "save_credentials",
 ]

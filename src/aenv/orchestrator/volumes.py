@@ -99,6 +99,8 @@ class Volumes:
         #: volume id → monotonic time its last user left (the idle release counts from it).
         self._idle_since: dict[str, float] = {}
         self._content = itertools.count()
+        #: Volumes this process checked out (its holds it knows to be its own).
+        self._held: set[str] = set()
 
     # -- the control plane -------------------------------------------------------------------
 
@@ -129,6 +131,7 @@ class Volumes:
             holder = await self.catalog.holder(volume_id)
             if holder not in (None, self.node_id):
                 raise Conflict(f"volume {manifest.name} is in use on node {holder}")
+            self._held.discard(volume_id)
             await self.catalog.delete(manifest)
             await self.images.remove(volume_id)
             self._users.pop(volume_id, None)
@@ -258,13 +261,18 @@ class Volumes:
     async def _check_out(self, volume_id: str) -> Path:
         """Hold the volume for this node, make sure its image is here, mount it. Under its
         lock. A node that already held it has the newest image (it commits on release)."""
+        if volume_id in self._held and self.images.mounted(volume_id):
+            # Nobody else can have changed or deleted it while this node holds it.
+            return self.images.mount_point(volume_id)
         manifest = await self.catalog.require(volume_id)
         held_before = await self.catalog.holder(volume_id) == self.node_id
         await self.catalog.hold(volume_id, self.node_id)
         try:
             if not (held_before and self.images.has_image(volume_id)):
                 await self._fetch(manifest)
-            return await self.images.mount(volume_id)
+            mounted = await self.images.mount(volume_id)
+            self._held.add(volume_id)
+            return mounted
         except BaseException:
             if not held_before:
                 with contextlib.suppress(Exception):
@@ -287,6 +295,7 @@ class Volumes:
                  manifest.version, len(manifest.chunks))
 
     async def _release(self, volume_id: str) -> None:
+        self._held.discard(volume_id)
         manifest = await self.catalog.get(volume_id)
         if manifest is None:  # deleted meanwhile (by another node: it was not held here)
             await self.images.remove(volume_id)
