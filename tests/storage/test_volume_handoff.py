@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aenv.core.errors import AlreadyExists, Conflict
+from aenv.core.errors import Conflict, InvalidArgument
 from aenv.core.settings import Settings
 from aenv.orchestrator.volumes import MountRequest, Volumes
 from aenv.storage.objects import ObjectStore, PosixLocation
@@ -46,7 +46,7 @@ async def test_one_node_at_a_time_and_the_next_reads_what_the_first_wrote(
 ) -> None:
     a, b = nodes
     vol = await a.create("shared")
-    with pytest.raises(AlreadyExists):
+    with pytest.raises(InvalidArgument, match="already exists"):  # E2B's 400
         await b.create("shared")
     payload = secrets.token_bytes(9 << 20)  # three chunks, the last one partial
 

@@ -25,8 +25,7 @@ app = typer.Typer(help="Persistent volumes and their files: create, list, copy, 
 
 T = TypeVar("T")
 
-VolumeArg = Annotated[str, typer.Argument(
-    metavar="ID_OR_NAME", help="the volume's id or name", show_default=False)]
+VolumeArg = Annotated[str, typer.Argument(help="the volume's id or name", show_default=False)]
 RemotePath = Annotated[str, typer.Argument(help="a path in the volume", show_default=False)]
 
 
@@ -35,7 +34,9 @@ def _with_volume(ref: str, step: Callable[[Volumes, VolumeInfo], Awaitable[T]]) 
     async def flow() -> T:
         async with client() as c:
             volumes = Volumes(c)
-            return await step(volumes, await volumes.find(ref))
+            # With its token now: steps of several calls then need no more GETs.
+            found = await volumes.get((await volumes.find(ref)).volume_id)
+            return await step(volumes, found)
 
     try:
         return run(flow)
@@ -80,19 +81,19 @@ def list_volumes(as_json: AsJson = False) -> None:
 
 @app.command("rm", epilog=examples("aenv volume rm data", "aenv volume rm 6f1c… scratch"))
 def remove(
-    refs: Annotated[list[str], typer.Argument(
-        metavar="ID_OR_NAME...", help="volume ids or names", show_default=False)],
+    volumes: Annotated[list[str], typer.Argument(
+        help="volume ids or names", show_default=False)],
 ) -> None:
     """Delete volumes and their files; print each id deleted (exit 1 if one was not)."""
     async def flow() -> tuple[list[str], list[str]]:
         removed: list[str] = []
         failed: list[str] = []
         async with client() as c:
-            volumes = Volumes(c)
-            for ref in refs:
+            v = Volumes(c)
+            for ref in volumes:
                 try:
-                    info = await volumes.find(ref)
-                    if await volumes.delete(info.volume_id):
+                    info = await v.find(ref)
+                    if await v.delete(info.volume_id):
                         removed.append(info.volume_id)
                     else:
                         failed.append(f"no volume with the id or name {ref!r}")

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aenv.core.errors import AenvError, Conflict, InvalidArgument
+from aenv.core.errors import AenvError, AlreadyExists, Conflict, InvalidArgument
 from aenv.core.ids import new_volume_id
 from aenv.core.keyed_locks import KeyedLocks
 from aenv.core.settings import Settings
@@ -112,7 +112,10 @@ class Volumes:
         if not 16 <= size <= self.settings.volume_max_size_mb:
             raise InvalidArgument(f"a volume's size is 16 to {self.settings.volume_max_size_mb}"
                                   f" MB, not {size}")
-        return await self.catalog.create(new_volume_id(), name, size << 20)
+        try:
+            return await self.catalog.create(new_volume_id(), name, size << 20)
+        except AlreadyExists as exc:
+            raise InvalidArgument(exc.message) from None  # E2B answers a taken name 400
 
     async def list(self) -> builtins.list[VolumeManifest]:
         return await self.catalog.list()
