@@ -197,17 +197,17 @@ class TemplateApi:
         try:
             response = await self.client.send(request)
         except httpx.ConnectError as exc:
-            raise Unavailable(f"cannot reach {origin}: {_reason(exc)}") from exc
+            raise Unavailable(f"cannot reach {origin}: {transport_reason(exc)}") from exc
         except httpx.TimeoutException as exc:
             raise Unavailable(f"{what}: {origin} did not answer in time") from exc
         except httpx.HTTPError as exc:
-            raise Unavailable(f"{what}: {_reason(exc)}") from exc
+            raise Unavailable(f"{what}: {transport_reason(exc)}") from exc
         if response.status_code >= 400:
-            raise _http_error(response, what)
+            raise http_error(response, what)
         return response
 
 
-def _reason(exc: Exception) -> str:
+def transport_reason(exc: Exception) -> str:
     """The root cause, in words: httpx wraps the socket's error a few levels deep."""
     cause: BaseException | None = exc
     while cause is not None:
@@ -220,7 +220,7 @@ def _reason(exc: Exception) -> str:
     return text.splitlines()[0]
 
 
-def _http_error(response: httpx.Response, what: str) -> AenvError:
+def http_error(response: httpx.Response, what: str) -> AenvError:
     try:
         body = response.json()
         message = str(body.get("message")) if isinstance(body, dict) else response.text

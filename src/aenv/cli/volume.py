@@ -33,7 +33,7 @@ def _with_volume(ref: str, step: Callable[[Volumes, VolumeInfo], Awaitable[T]]) 
     """Run ``step`` on the volume ``ref`` names; a local file's failure is one line too."""
     async def flow() -> T:
         async with client() as c:
-            volumes = Volumes(c)
+            volumes = c.volumes
             # With its token now: steps of several calls then need no more GETs.
             found = await volumes.get((await volumes.find(ref)).volume_id)
             return await step(volumes, found)
@@ -55,7 +55,7 @@ def create(
     """Create an empty volume; print its id."""
     async def flow() -> VolumeInfo:
         async with client() as c:
-            return await Volumes(c).create(name, size_mb=size_mb)
+            return await c.volumes.create(name, size_mb=size_mb)
 
     typer.echo(run(flow).volume_id)
 
@@ -65,7 +65,7 @@ def list_volumes(as_json: AsJson = False) -> None:
     """List the volumes."""
     async def flow() -> list[VolumeInfo]:
         async with client() as c:
-            return await Volumes(c).list()
+            return await c.volumes.list()
 
     found = run(flow)
     if as_json:
@@ -89,7 +89,7 @@ def remove(
         removed: list[str] = []
         failed: list[str] = []
         async with client() as c:
-            v = Volumes(c)
+            v = c.volumes
             for ref in volumes:
                 try:
                     info = await v.find(ref)

@@ -47,6 +47,7 @@ from aenv.client.errors import (
 )
 from aenv.client.rest import DEFAULT_DEADLINE_S, REQUEST_TIMEOUT_S, NodeApi, RetryPolicy, json_of
 from aenv.client.sandbox import Sandbox, State, sdk_sandbox
+from aenv.client.volumes import Volumes
 
 log = logging.getLogger("aenv.client")
 
@@ -146,6 +147,11 @@ class AsyncClient:
 
     def __repr__(self) -> str:
         return f"AsyncClient({self.config.api_url!r}, run_id={self.run_id!r})"
+
+    @property
+    def volumes(self) -> Volumes:
+        """The node's volumes and their files (docs/volumes.md)."""
+        return Volumes(self._api)
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -89,7 +89,7 @@ class NodeApi:
                 response = await self.http.request(method, path, json=json, params=params,
                                                    headers=headers, timeout=timeout)
             except httpx.TransportError as exc:
-                failure = Unavailable(f"{what}: {_reason(exc, self.http.base_url)}",
+                failure = Unavailable(f"{what}: {transport_reason(exc, self.http.base_url)}",
                                       sandbox_id=sandbox_id)
                 sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
                 if sent and not idempotent:
@@ -100,7 +100,7 @@ class NodeApi:
             status = response.status_code
             if status < 400:
                 return response
-            error = _http_error(response, what, sandbox_id, not_found)
+            error = http_error(response, what, sandbox_id, not_found)
             retry = (status == 429 or status in retry_statuses
                      or (idempotent and status in _RETRY_UNAVAILABLE))
             if not retry:
@@ -124,7 +124,7 @@ class NodeApi:
         await self._sleep(delay)
 
 
-def _reason(exc: httpx.TransportError, base: httpx.URL) -> str:
+def transport_reason(exc: httpx.TransportError, base: httpx.URL) -> str:
     origin = f"{base.scheme}://{base.netloc.decode()}"
     if isinstance(exc, httpx.TimeoutException):
         return f"{origin} did not answer in time"
@@ -137,7 +137,7 @@ def _reason(exc: httpx.TransportError, base: httpx.URL) -> str:
     return f"cannot reach {origin}: {text}"
 
 
-def _http_error(response: httpx.Response, what: str, sandbox_id: str | None,
+def http_error(response: httpx.Response, what: str, sandbox_id: str | None,
                 not_found: NotFoundFactory | None) -> ClientError:
     try:
         body = response.json()

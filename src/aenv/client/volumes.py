@@ -1,7 +1,7 @@
 """``Volumes``: E2B's persistent volumes: ``/volumes`` with the API key, ``/volumecontent/{id}/…``
 with a volume's token, both on the client's API URL (wire contract: docs/volumes-protocol.md).
 
-``Volumes(client)`` borrows an open :class:`~aenv.client.AsyncClient`'s connections, retries
+``client.volumes`` borrows an open :class:`~aenv.client.AsyncClient`'s connections, retries
 and error conversion (``rest.py``): a missing volume or path is :class:`NotFound`, a volume in
 use :class:`Conflict`, a full one (507) :class:`Unavailable`, as for sandbox calls.
 
@@ -24,16 +24,13 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 from urllib.parse import quote
 
 import httpx
 
 from aenv.client.errors import InvalidRequest, NotFound, Unavailable
-from aenv.client.rest import _http_error, _reason, json_of
-
-if TYPE_CHECKING:
-    from aenv.client.client import AsyncClient
+from aenv.client.rest import NodeApi, http_error, json_of, transport_reason
 
 #: Pieces of a streamed file, both ways (the node reads and sends 1 MiB at a time).
 CHUNK = 1 << 20
@@ -110,9 +107,9 @@ def _given(**params: Any) -> dict[str, Any]:
 class Volumes:
     """The volumes of the client's node, and their files (no sandbox needed)."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, api: NodeApi) -> None:
         # The client's own plumbing, so retries and errors are the client's.
-        self._api = client._api
+        self._api = api
 
     # -- the control plane (the API key) --
 
@@ -273,7 +270,7 @@ class Volumes:
             async for piece in response.aiter_bytes(CHUNK):
                 yield piece
         except httpx.TransportError as exc:  # the node went away mid-file: no whole file
-            raise Unavailable(f"{what}: {_reason(exc, self._api.http.base_url)}") from exc
+            raise Unavailable(f"{what}: {transport_reason(exc, self._api.http.base_url)}") from exc
 
     async def _send(self, request: httpx.Request, what: str, *, stream: bool = False
                     ) -> httpx.Response:
@@ -283,9 +280,9 @@ class Volumes:
             if response.status_code >= 400:
                 await response.aread()
                 await response.aclose()
-                raise _http_error(response, what, None, None)
+                raise http_error(response, what, None, None)
         except httpx.TransportError as exc:
-            raise Unavailable(f"{what}: {_reason(exc, self._api.http.base_url)}") from exc
+            raise Unavailable(f"{what}: {transport_reason(exc, self._api.http.base_url)}") from exc
         return response
 
 
