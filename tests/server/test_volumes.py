@@ -133,7 +133,6 @@ def test_data_written_in_one_sandbox_is_read_in_the_next(server: NodeServer) -> 
             assert _run(second, "cat /data/kept.txt /data/from-api.txt") == "from-first\napi"
             assert _run(second, "sha256sum /data/d/blob | cut -c1-64") == _run(
                 second, "cat /data/d/sum")
-            assert "/data" in _run(second, "cat /proc/mounts")
         finally:
             second.kill()
     finally:

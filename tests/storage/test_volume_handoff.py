@@ -65,7 +65,7 @@ async def test_one_node_at_a_time_and_the_next_reads_what_the_first_wrote(
     await a.release_idle()
     assert await a.catalog.holder(vol.volume_id) == "a"
 
-    a.detach("sbx-a")
+    await a.detach("sbx-a")
     await a.release_idle()
     assert await a.catalog.holder(vol.volume_id) is None
     assert not a.images.has_image(vol.volume_id) and not a.images.mounted(vol.volume_id)
@@ -106,7 +106,7 @@ async def test_a_holder_that_restarts_takes_its_hold_back_and_delete_is_seen_eve
     await again.attach("sbx", [MountRequest("kept", "/k")])
     with pytest.raises(Conflict, match="mounted by sandbox sbx"):
         await again.delete(vol.volume_id)
-    again.detach("sbx")
+    await again.detach("sbx")
     await again.delete(vol.volume_id)
     assert await b.catalog.get(vol.volume_id) is None
     assert [v.name for v in await b.list()] == []

@@ -171,7 +171,7 @@ class Volumes:
         try:
             await self.adopt(sandbox_id, mounted)
         except BaseException:
-            self.detach(sandbox_id)
+            await asyncio.shield(self.detach(sandbox_id))
             raise
         return mounted
 
@@ -185,14 +185,22 @@ class Volumes:
                         f"volume '{m.name}' is mounted read-write by sandbox {writer}: mount "
                         "it read-only (readOnly: true), or after that sandbox ends")
                 await self._check_out(m.volume_id)
+                if m.read_only:
+                    await self.images.make_view(m.volume_id, sandbox_id)
                 self._use(m.volume_id, sandbox_id, read_only=m.read_only)
 
-    def binds(self, mounted: Sequence[Mounted]) -> tuple[VolumeBind, ...]:
-        return tuple(VolumeBind(self.images.mount_point(m.volume_id), m.path, m.read_only)
-                     for m in mounted)
+    def binds(self, sandbox_id: str, mounted: Sequence[Mounted]) -> tuple[VolumeBind, ...]:
+        """What the runtime binds: the volume's mount, or for a reader its read-only view
+        (the runtime's own ``ro`` is not enough: root inside may remount, and a restore keeps
+        the flags of its checkpoint — a fork child's are its writing parent's)."""
+        return tuple(
+            VolumeBind(self.images.view(m.volume_id, sandbox_id) if m.read_only
+                       else self.images.mount_point(m.volume_id), m.path, m.read_only)
+            for m in mounted)
 
-    def detach(self, sandbox_id: str) -> None:
+    async def detach(self, sandbox_id: str) -> None:
         """``sandbox_id`` uses none of its volumes any more (killed, or never started)."""
+        await self.images.drop_views(sandbox_id)
         for volume_id in [v for v, users in self._users.items() if sandbox_id in users]:
             self._leave(volume_id, sandbox_id)
 

@@ -7,6 +7,9 @@ Owns ``<home>/volumes/`` and nothing else::
     volumes/staging/                   images being made or fetched, renamed into place whole
     volumes/mnt/<volume_id>/           where the image is mounted while sandboxes or the
                                        content API use it (sandboxes get a bind of it)
+    volumes/ro/<sandbox_id>/<volume_id>/   a read-only bind of that mount for one sandbox
+                                       that reads the volume: the host kernel refuses its
+                                       writes, whatever its root remounts inside
 
 Why an image and not a directory: the host has no per-directory quota, and an image is one
 file to publish to the repository and to fetch on another node (``volume_catalog.py``). The
@@ -50,6 +53,39 @@ class VolumeImages:
         self.staging = self.root / "staging"
         self.mounts = self.root / "mnt"
 
+    def view(self, volume_id: str, sandbox_id: str) -> Path:
+        return self.root / "ro" / sandbox_id / volume_id
+
+    async def make_view(self, volume_id: str, sandbox_id: str) -> Path:
+        """A read-only bind of the (mounted) volume for ``sandbox_id`` (idempotent)."""
+        target = self.view(volume_id, sandbox_id)
+        if any(m.mount_point == str(target) for m in read_mountinfo()):
+            return target
+        target.mkdir(parents=True, exist_ok=True)
+        await proc.run(["mount", "--bind", str(self.mount_point(volume_id)), str(target)],
+                       timeout=MOUNT_TIMEOUT_S)
+        try:
+            await proc.run(["mount", "-o", "remount,bind,ro", str(target)],
+                           timeout=MOUNT_TIMEOUT_S)
+        except BaseException:
+            await asyncio.shield(unmount(str(target), lazy=True, what="a volume view"))
+            raise
+        return target
+
+    async def drop_views(self, sandbox_id: str) -> None:
+        """Every read-only bind of ``sandbox_id`` unmounted and removed (idempotent)."""
+        directory = self.root / "ro" / sandbox_id
+        if not directory.is_dir():
+            return
+        for view in directory.iterdir():
+            # Lazy: a runtime that has not let go yet cannot keep the view (or the volume's
+            # release after it) busy for ever.
+            await unmount(str(view), lazy=True, what=f"a view of volume {view.name}")
+            with contextlib.suppress(OSError):
+                view.rmdir()
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
     def image(self, volume_id: str) -> Path:
         return self.images / f"{volume_id}.img"
 
@@ -79,6 +115,9 @@ class VolumeImages:
             with open(tmp, "xb") as fh:
                 fh.truncate(size_bytes)
             await proc.run([mkfs, *_MKFS_ARGS, str(tmp)], timeout=MKFS_TIMEOUT_S)
+            # A new volume is empty, as E2B's: no ``lost+found`` (e2fsck makes it when needed).
+            await proc.run([loopdev.require_tool("debugfs", "e2fsprogs"), "-w", "-R",
+                            "rmdir lost+found", str(tmp)], timeout=MKFS_TIMEOUT_S)
             await asyncio.to_thread(_fsync, tmp)
             self.place(tmp, volume_id)
         except BaseException as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +106,12 @@ async def create_from(node: Node, template: Template, params: CreateParams, *,
     """Create a sandbox of an already resolved ``template`` (a fork child's template is the
     parent's memory image). Contract: as the module's."""
     policy = policy_from(params.allow_internet_access, params.network)
+    if params.volume_mounts and template.image is not None:
+        # A restore brings back only the mounts its checkpoint had: a volume's would not be
+        # there (measured: its path then reaches the host through the root, and read-only is
+        # not enforced). So such a sandbox boots from the layers; the template's start
+        # command, run before its image was taken, is not run (docs/volumes.md).
+        template = replace(template, image=None, envd_token=None)
     warm = pre = None
     # A sandbox with volumes boots with their binds: the pools' sandboxes have none.
     if not (params.volume_mounts or params.inherited_volumes):
@@ -175,7 +181,8 @@ async def _create_owned(node: Node, template: Template, params: CreateParams,
                 await node.pool.set_egress(pre.slot, policy)
             warm = await boot_sandbox(
                 node, record.sandbox_id, template, on_slot=partial(_persist_slot, node, record),
-                policy=policy, precreated=pre, volumes=node.volumes.binds(mounted),
+                policy=policy, precreated=pre,
+                volumes=node.volumes.binds(record.sandbox_id, mounted),
             )
             record = await node.store.require(record.sandbox_id)
             record = await node.store.update(record, instance=instance_json(

@@ -87,7 +87,7 @@ async def reboot(node: Node, record: SandboxRecord) -> tuple[SandboxRecord, dict
         rootfs = await node.rootfs.ensure_mounted(sid)
         spec = replace(
             sandbox_spec(sid, rootfs, bundle, template, record.cpu_count, record.memory_mb),
-            volumes=node.volumes.binds(mounts_of(record.volume_mounts)))
+            volumes=node.volumes.binds(sid, mounts_of(record.volume_mounts)))
         instance = await node.runtime.boot(spec, slot)
         async with EnvdClient(node.guests.transport(slot), slot) as envd:
             await envd.wait_ready(node.settings.envd_ready_timeout_s)

@@ -201,7 +201,7 @@ async def _restore(
             lap("rootfs")
             spec = SandboxSpec(sandbox_id=sid, rootfs=rootfs, envd_bundle=bundle,
                                cpu_count=record.cpu_count, memory_mb=record.memory_mb,
-                               volumes=node.volumes.binds(mounts_of(record.volume_mounts)))
+                               volumes=node.volumes.binds(sid, mounts_of(record.volume_mounts)))
             instance = await node.runtime.restore(image, spec, slot)
         lap("restore")
         async with EnvdClient(node.guests.transport(slot), slot) as envd:

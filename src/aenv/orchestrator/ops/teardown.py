@@ -46,7 +46,12 @@ async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False) -> 
             runtime_left = runtime_left or what == "runtime"
     if not runtime_left:
         # Its volumes are free once nothing of it can write them any more.
-        node.volumes.detach(sid)
+        try:
+            await node.volumes.detach(sid)
+        except Exception as exc:
+            log.warning("teardown of %s: could not release its volumes: %s", sid,
+                        getattr(exc, "message", exc))
+            first = first or exc
     node.spiller.cancel(sid)
     image = node.paused_dir / sid
     for path in (image, image.with_name(image.name + ".partial")):
