@@ -233,6 +233,14 @@ def test_a_volume_survives_pause_and_resume_and_fork_children_read_it(
                                              "readOnly": True}]
         # The parent still writes.
         _run(sbx, "echo parent >> /work/state.txt")
+        # A snapshot's sandboxes mount the volume again, read-only, and see it as it is now.
+        snapshot = sbx.create_snapshot()
+        from_snapshot = Sandbox.create(snapshot.snapshot_id, timeout=120)
+        children.append(from_snapshot.sandbox_id)
+        assert _run(from_snapshot, "cat /work/state.txt") == "before\nafter\nparent\n"
+        with pytest.raises(CommandExitException, match="Read-only"):
+            _run(from_snapshot, "echo snap > /work/state.txt", user="root")
+        assert from_snapshot.get_info().volume_mounts == [{"name": vol.name, "path": "/work"}]
     finally:
         for child_id in children:
             _api(server, "DELETE", f"/sandboxes/{child_id}")

@@ -121,4 +121,5 @@ class TemplateCatalog:
             metadata=dict(m.metadata),
             snapshot_id=m.snapshot_id,
             disk_image=local.disk,
+            volume_mounts=tuple(m.volume_mounts),
         )

@@ -47,6 +47,9 @@ class Template:
     #: Disk workspaces: an image file on the workspace pool each sandbox's disk starts as a
     #: clone of (a fork's parent at the checkpoint instant). None: an empty disk.
     disk_image: Path | None = None
+    #: A snapshot's volumes as its source had them mounted (JSON, ``orchestrator/volumes.py``'s
+    #: ``Mounted``): its memory image needs them at the same paths.
+    volume_mounts: tuple[dict[str, object], ...] = ()
 
 
 class TemplateCatalog(Protocol):

@@ -108,6 +108,9 @@ class SnapshotDraft(_Frozen):
     #: For ``paused``: the sandbox's record fields a resume on another node needs (id, access
     #: token, timeout, metadata …), as the orchestrator wrote them.
     sandbox: dict[str, object] | None = Field(default=None, repr=False)
+    #: The source sandbox's volumes (``[{"name", "path", "volume_id", "read_only"}]``): its
+    #: memory image has them mounted, so a sandbox made from it mounts them again (read-only).
+    volume_mounts: list[dict[str, object]] = Field(default_factory=list)
 
 
 class SnapshotManifest(SnapshotDraft):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from aenv.core.errors import ResourceExhausted
+from aenv.core.errors import FailedPrecondition, NotFound, ResourceExhausted
 from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.core.states import SandboxState
@@ -28,7 +28,7 @@ from aenv.orchestrator.instance_codec import instance_json
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, release
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.unwind import to_the_end
-from aenv.orchestrator.volumes import Mounted, MountRequest
+from aenv.orchestrator.volumes import Mounted, MountRequest, mounts_of
 from aenv.store.models import SandboxRecord
 
 if TYPE_CHECKING:
@@ -106,6 +106,11 @@ async def create_from(node: Node, template: Template, params: CreateParams, *,
     """Create a sandbox of an already resolved ``template`` (a fork child's template is the
     parent's memory image). Contract: as the module's."""
     policy = policy_from(params.allow_internet_access, params.network)
+    if template.volume_mounts and not (params.volume_mounts or params.inherited_volumes):
+        # A snapshot of a sandbox with volumes: its image has them mounted, so its sandboxes
+        # mount them again, read-only as a fork's children do (its source may still write).
+        params = replace(params, inherited_volumes=tuple(
+            replace(m, read_only=True) for m in mounts_of(list(template.volume_mounts))))
     if params.volume_mounts and template.image is not None:
         # A restore brings back only the mounts its checkpoint had: a volume's would not be
         # there (measured: its path then reaches the host through the root, and read-only is
@@ -200,7 +205,11 @@ async def _volumes(node: Node, sandbox_id: str, params: CreateParams) -> list[Mo
     if params.volume_mounts:
         return await node.volumes.attach(sandbox_id, params.volume_mounts)
     if params.inherited_volumes:
-        await node.volumes.adopt(sandbox_id, params.inherited_volumes)
+        try:
+            await node.volumes.adopt(sandbox_id, params.inherited_volumes)
+        except NotFound as exc:
+            raise FailedPrecondition(f"a volume this sandbox's image has mounted is gone: "
+                                     f"{exc.message}") from exc
     return list(params.inherited_volumes)
 
 

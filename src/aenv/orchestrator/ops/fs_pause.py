@@ -85,6 +85,8 @@ async def reboot(node: Node, record: SandboxRecord) -> tuple[SandboxRecord, dict
         record = await node.store.update(
             record, instance={**(record.instance or {}), "slot": instance_json(slot, None)["slot"]})
         rootfs = await node.rootfs.ensure_mounted(sid)
+        if record.volume_mounts:
+            await node.volumes.adopt(sid, mounts_of(record.volume_mounts))
         spec = replace(
             sandbox_spec(sid, rootfs, bundle, template, record.cpu_count, record.memory_mb),
             volumes=node.volumes.binds(sid, mounts_of(record.volume_mounts)))

@@ -179,6 +179,9 @@ async def _restore(
     instance: Instance | None = None
     try:
         image = MemoryImage.at(image_path)
+        if record.volume_mounts:
+            # Its volumes here (a sandbox paused on another node is resumed on this one).
+            await node.volumes.adopt(sid, mounts_of(record.volume_mounts))
         pre = None if record.volume_mounts else await _adopt_precreated(node, record, bundle)
         if pre is not None:
             slot, instance = pre.slot, replace(pre.instance, sandbox_id=sid)

@@ -109,6 +109,7 @@ def draft_of(
         env_vars=record.env_vars,
         metadata=record.metadata,
         envd_token=record.envd_token,
+        volume_mounts=list(record.volume_mounts or ()),
     )
 
 
