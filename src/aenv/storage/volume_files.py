@@ -7,20 +7,16 @@ view: the root is opened once as an ``O_PATH`` fd and every lookup below it goes
 if chrooted into the root), ``RESOLVE_NO_MAGICLINKS`` and ``RESOLVE_NO_XDEV`` (no mount inside
 is crossed); the final component is then handled by ``*at`` calls that do not follow symlinks.
 
-``openat2`` is called through ``ctypes`` by hand because nothing offers it: ``os`` has no
-wrapper (as of Python 3.13) and no library we may depend on has one; ``realpath`` plus a prefix
-check is exactly the check-then-use race this module exists to avoid.
-
-The cleaned path (:func:`clean_path`) is what comes back in ``EntryStat.path``; errors are from
-:mod:`aenv.core.errors` (``reason`` set where the volume API has a code of its own;
-``edge/errors.py`` names the others by their status). Every function closes the fds it opens, except
-the ones :func:`open_read` and :func:`open_write` hand out.
+``openat2`` itself is ``storage/openat2.py``. The cleaned path (:func:`clean_path`) is what
+comes back in ``EntryStat.path``; errors are from :mod:`aenv.core.errors` (``reason`` set where
+the volume API has a code of its own; ``edge/errors.py`` names the others by their status).
+Every function closes the fds it opens, except the ones :func:`open_read` and
+:func:`open_write` hand out.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import posixpath
@@ -39,6 +35,7 @@ from aenv.core.errors import (
     NotEnoughSpace,
     NotFound,
 )
+from aenv.storage.openat2 import open_in_root
 
 __all__ = [
     "DEFAULT_ID", "MAX_DEPTH", "EntryStat", "abort_write", "clean_path", "finish_write",
@@ -51,15 +48,6 @@ MAX_DEPTH = 10
 #: Owner of what the API creates when the client names none (E2B's default user).
 DEFAULT_ID = 9090
 
-# openat2 got one number on every architecture (new syscalls share a single table since 5.x).
-_SYS_OPENAT2 = 437
-_RESOLVE_NO_XDEV = 0x01
-_RESOLVE_NO_MAGICLINKS = 0x02
-_RESOLVE_IN_ROOT = 0x10
-_RESOLVE = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV
-# With RESOLVE_IN_ROOT the kernel answers EAGAIN when a rename raced a ".." walk; worth retrying,
-# but a sandbox renaming in a loop must not keep a node thread spinning forever.
-_RETRIES = 32
 _DIR_PATH = os.O_PATH | os.O_DIRECTORY
 _DIR_READ = os.O_RDONLY | os.O_DIRECTORY
 _SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -72,33 +60,6 @@ _INVALID_ERRNOS = {
 }
 
 EntryType = Literal["file", "directory", "symlink", "unknown"]
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
-def _openat2(dir_fd: int, path: str, flags: int, mode: int = 0) -> int:
-    """``openat2(dir_fd, path, flags, mode)`` resolved inside ``dir_fd``; raises ``OSError``."""
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE)
-    raw = os.fsencode(path)
-    err = errno.EAGAIN
-    for _ in range(_RETRIES):
-        fd = _libc.syscall(
-            ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dir_fd), ctypes.c_char_p(raw),
-            ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
-        )
-        if fd >= 0:
-            return int(fd)
-        err = ctypes.get_errno()
-        if err not in (errno.EAGAIN, errno.EINTR):
-            break
-    raise OSError(err, os.strerror(err), path)
 
 
 @dataclass(frozen=True)
@@ -180,7 +141,7 @@ def _entry(root_fd: int, dir_fd: int, name: str, clean: str) -> EntryStat:
     if S_ISLNK(info.st_mode):
         target = os.readlink(name, dir_fd=dir_fd)
         try:
-            fd = _openat2(root_fd, clean, os.O_PATH)
+            fd = open_in_root(root_fd, clean, os.O_PATH)
         except OSError:
             kind, mode = "unknown", 0
         else:
@@ -199,15 +160,15 @@ def _entry(root_fd: int, dir_fd: int, name: str, clean: str) -> EntryStat:
 def _parent(root_fd: int, clean: str) -> tuple[int, str]:
     """An fd of the directory holding ``clean`` (the caller closes it) and the entry's name."""
     if clean == "/":
-        return _openat2(root_fd, "/", _DIR_PATH), "."
-    return _openat2(root_fd, posixpath.dirname(clean), _DIR_PATH), posixpath.basename(clean)
+        return open_in_root(root_fd, "/", _DIR_PATH), "."
+    return open_in_root(root_fd, posixpath.dirname(clean), _DIR_PATH), posixpath.basename(clean)
 
 
 def _make_one(dir_fd: int, name: str, uid: int, gid: int, mode: int) -> int:
     """Creates directory ``name`` in ``dir_fd``, owned and moded exactly (no umask); its fd."""
     # 0700 until chown and chmod are done, so nobody else gets in meanwhile.
     os.mkdir(name, 0o700, dir_fd=dir_fd)
-    fd = _openat2(dir_fd, name, _DIR_READ | os.O_NOFOLLOW)
+    fd = open_in_root(dir_fd, name, _DIR_READ | os.O_NOFOLLOW)
     try:
         # chown before chmod: chown clears set-id bits, even root's.
         os.fchown(fd, uid, gid)
@@ -220,14 +181,14 @@ def _make_one(dir_fd: int, name: str, uid: int, gid: int, mode: int) -> int:
 
 def _ensure_dirs(root_fd: int, clean: str, uid: int, gid: int) -> int:
     """An fd of directory ``clean``, creating each missing one (0777, ``uid``:``gid``)."""
-    fd = _openat2(root_fd, "/", _DIR_PATH)
+    fd = open_in_root(root_fd, "/", _DIR_PATH)
     try:
         parts = [part for part in clean.split("/") if part]
         for i, part in enumerate(parts):
             # Each prefix is resolved from the root, not from the previous fd, so a symlink on the
             # way resolves like it would in a chroot (".." and absolute targets from the root).
             try:
-                following = _openat2(root_fd, "/" + "/".join(parts[: i + 1]), _DIR_PATH)
+                following = open_in_root(root_fd, "/" + "/".join(parts[: i + 1]), _DIR_PATH)
             except FileNotFoundError:
                 following = _make_one(fd, part, uid, gid, 0o777)
             os.close(fd)
@@ -240,7 +201,7 @@ def _ensure_dirs(root_fd: int, clean: str, uid: int, gid: int) -> int:
 
 def _open_regular(root_fd: int, clean: str, flags: int) -> int:
     """``clean`` opened with ``flags`` if it is a regular file (following symlinks in the root)."""
-    probe = _openat2(root_fd, clean, os.O_PATH)
+    probe = open_in_root(root_fd, clean, os.O_PATH)
     try:
         info = os.fstat(probe)
         if S_ISDIR(info.st_mode):
@@ -272,7 +233,7 @@ def list_dir(root: Path, path: str, depth: int | None = None) -> list[EntryStat]
         raise InvalidArgument(f"depth must be between 1 and {MAX_DEPTH}",
                               reason="DEPTH_OUT_OF_RANGE")
     with _volume(root, path) as (root_fd, clean):
-        fd = _openat2(root_fd, clean, _DIR_READ)
+        fd = open_in_root(root_fd, clean, _DIR_READ)
         try:
             found: list[EntryStat] = []
             _walk(root_fd, fd, clean, levels, found)
@@ -291,7 +252,7 @@ def _walk(root_fd: int, dir_fd: int, dir_path: str, levels: int, found: list[Ent
         found.append(entry)
         if levels > 1 and entry.target is None and entry.type == "directory":
             try:
-                sub = _openat2(dir_fd, name, _DIR_READ | os.O_NOFOLLOW)
+                sub = open_in_root(dir_fd, name, _DIR_READ | os.O_NOFOLLOW)
             except OSError as exc:
                 # Gone or swapped for a link meanwhile, or a mount point: not descended.
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV):
@@ -317,7 +278,7 @@ def make_dir(
         parent = posixpath.dirname(clean)
         name = posixpath.basename(clean)
         dir_fd = (_ensure_dirs(root_fd, parent, uid, gid) if force
-                  else _openat2(root_fd, parent, _DIR_PATH))
+                  else open_in_root(root_fd, parent, _DIR_PATH))
         try:
             try:
                 os.close(_make_one(dir_fd, name, uid, gid, mode))
@@ -325,7 +286,7 @@ def make_dir(
                 if not force:
                     raise
                 try:
-                    os.close(_openat2(root_fd, clean, _DIR_PATH))
+                    os.close(open_in_root(root_fd, clean, _DIR_PATH))
                 except OSError as exc:
                     raise Conflict(f"path {clean} exists and is not a directory") from exc
             return _entry(root_fd, dir_fd, name, clean)
@@ -365,7 +326,7 @@ def open_write(
             os.close(_ensure_dirs(root_fd, posixpath.dirname(clean), uid, gid))
         try:
             # O_EXCL never follows a final symlink: a fresh regular file, nothing else.
-            fd = _openat2(root_fd, clean, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = open_in_root(root_fd, clean, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             if not force:
                 raise
@@ -476,7 +437,7 @@ def _remove_tree(parent_fd: int, name: str) -> None:
         return
     except IsADirectoryError:
         pass
-    fd = _openat2(parent_fd, name, _DIR_READ | os.O_NOFOLLOW)
+    fd = open_in_root(parent_fd, name, _DIR_READ | os.O_NOFOLLOW)
     try:
         # Per level: its name in its parent, the names left in it, the parent's identity.
         stack = [(name, os.listdir(fd), _identity(parent_fd))]
@@ -491,7 +452,7 @@ def _remove_tree(parent_fd: int, name: str) -> None:
                 except IsADirectoryError:
                     here = _identity(fd)
                     # O_NOFOLLOW: a directory swapped for a symlink meanwhile is not entered.
-                    sub = _openat2(fd, child, _DIR_READ | os.O_NOFOLLOW)
+                    sub = open_in_root(fd, child, _DIR_READ | os.O_NOFOLLOW)
                     os.close(fd)
                     fd = sub
                     stack.append((child, os.listdir(fd), here))
