@@ -19,6 +19,7 @@ from aenv.api.node import NodeDep
 from aenv.api.volume_tokens import check, mint
 from aenv.core.errors import InvalidArgument, NotFound
 from aenv.core.ids import is_volume_id
+from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops import volume_content as content
 from aenv.storage.volume_catalog import VolumeManifest
 from aenv.storage.volume_files import EntryStat
@@ -72,8 +73,7 @@ def _out(m: VolumeManifest) -> VolumeOut:
     return VolumeOut(volumeID=m.volume_id, name=m.name, sizeMB=m.size_bytes >> 20)
 
 
-def _with_token(request: Request, m: VolumeManifest) -> VolumeAndToken:
-    node = request.app.state.node
+def _with_token(request: Request, node: Node, m: VolumeManifest) -> VolumeAndToken:
     token = mint(request.app.state.api_key, m.volume_id, node.settings.volume_token_ttl_s)
     return VolumeAndToken(**_out(m).model_dump(), token=token)
 
@@ -90,7 +90,7 @@ def _checked(volume_id: str) -> str:
               response_model_exclude_none=True)
 async def create_volume(body: NewVolume, node: NodeDep, request: Request) -> VolumeAndToken:
     manifest = await node.volumes.create(body.name, body.size_mb)
-    return _with_token(request, manifest)
+    return _with_token(request, node, manifest)
 
 
 @volumes.get("/volumes", response_model=list[VolumeOut], response_model_exclude_none=True)
@@ -101,7 +101,7 @@ async def list_volumes(node: NodeDep) -> list[VolumeOut]:
 @volumes.get("/volumes/{volume_id}", response_model=VolumeAndToken,
              response_model_exclude_none=True)
 async def get_volume(volume_id: str, node: NodeDep, request: Request) -> VolumeAndToken:
-    return _with_token(request, await node.volumes.get(_checked(volume_id)))
+    return _with_token(request, node, await node.volumes.get(_checked(volume_id)))
 
 
 @volumes.delete("/volumes/{volume_id}", status_code=204)

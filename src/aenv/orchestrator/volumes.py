@@ -148,7 +148,8 @@ class Volumes:
         """The volume's root on the host, checked out here for the length of one request."""
         user = f"content-{next(self._content)}"
         async with self._locks.hold(volume_id):
-            await self.catalog.require(volume_id)
+            # ``_check_out`` reads the repository unless this node holds the volume already
+            # (then no other node may have changed or deleted it).
             if write and (writer := self._writer(volume_id)) is not None:
                 raise Conflict(f"volume {volume_id} is mounted read-write by sandbox {writer};"
                                " write to it there, or after that sandbox ends")

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from aenv.core.errors import AlreadyExists, Conflict, DataLoss, NotFound
 from aenv.storage.disk_chunks import CHUNK_BYTES, signatures
+from aenv.storage.manifest import DiskChunk
 from aenv.storage.objects import ObjectStore
 
 MANIFESTS = "volumes/"
@@ -39,13 +40,6 @@ NAMES = "volume-names/"
 HOLDERS = "volume-holders/"
 CHUNKS = "volume-chunks/"
 PUT_CONCURRENCY = 4
-
-
-class VolumeChunk(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    index: int
-    digest: str
-    size: int
 
 
 class VolumeManifest(BaseModel):
@@ -56,7 +50,8 @@ class VolumeManifest(BaseModel):
     created_at: float
     #: Bumped by each commit; 0: never committed (a blank image of ``size_bytes``).
     version: int = 0
-    chunks: list[VolumeChunk] = Field(default_factory=list)
+    #: Digests checked by their pattern: a chunk's key is made from its digest.
+    chunks: list[DiskChunk] = Field(default_factory=list)
 
 
 class VolumeCatalog:
@@ -155,13 +150,13 @@ class VolumeCatalog:
         limit = asyncio.Semaphore(PUT_CONCURRENCY)
         prefix = CHUNKS + manifest.volume_id + "/"
 
-        async def put(index: int) -> VolumeChunk:
+        async def put(index: int) -> DiskChunk:
             async with limit:
                 data = await asyncio.to_thread(_read_chunk, image, index)
-                digest = hashlib.sha256(data).hexdigest()
-                if await self.store.head(prefix + digest) is None:
-                    await self.store.put_bytes(prefix + digest, data)
-                return VolumeChunk(index=index, digest=digest, size=len(data))
+                digest = "sha256:" + hashlib.sha256(data).hexdigest()
+                if await self.store.head(_chunk_key(prefix, digest)) is None:
+                    await self.store.put_bytes(_chunk_key(prefix, digest), data)
+                return DiskChunk(index=index, digest=digest, size=len(data))
 
         chunks = list(await asyncio.gather(*(put(i) for i in indexes)))
         committed = manifest.model_copy(update={"version": manifest.version + 1,
@@ -170,7 +165,7 @@ class VolumeCatalog:
         kept = {c.digest for c in chunks}
         for old in {c.digest for c in manifest.chunks} - kept:
             with contextlib.suppress(Exception):
-                await self.store.delete(prefix + old)
+                await self.store.delete(_chunk_key(prefix, old))
         return committed
 
     async def fetch(self, manifest: VolumeManifest, dest: Path) -> None:
@@ -180,8 +175,8 @@ class VolumeCatalog:
         try:
             await asyncio.to_thread(os.ftruncate, fd, manifest.size_bytes)
             for chunk in manifest.chunks:
-                data = await self.store.get_bytes(prefix + chunk.digest)
-                if hashlib.sha256(data).hexdigest() != chunk.digest:
+                data = await self.store.get_bytes(_chunk_key(prefix, chunk.digest))
+                if "sha256:" + hashlib.sha256(data).hexdigest() != chunk.digest:
                     raise DataLoss(f"a chunk of volume {manifest.volume_id} does not match "
                                    "its digest")
                 await asyncio.to_thread(os.pwrite, fd, data, chunk.index * CHUNK_BYTES)
@@ -192,6 +187,10 @@ class VolumeCatalog:
     async def _write(self, manifest: VolumeManifest) -> None:
         await self.store.put_bytes(MANIFESTS + f"{manifest.volume_id}.json",
                                    manifest.model_dump_json().encode())
+
+
+def _chunk_key(prefix: str, digest: str) -> str:
+    return prefix + digest.removeprefix("sha256:")
 
 
 def _read_chunk(image: Path, index: int) -> bytes:

@@ -30,6 +30,7 @@ from pathlib import Path
 from aenv.core import proc
 from aenv.core.errors import CommandError, Conflict, InvalidArgument, NotEnoughSpace
 from aenv.storage import loopdev
+from aenv.storage.ext4_resize import fsync_file
 from aenv.storage.files import fsync_dirs
 from aenv.storage.mounts import MOUNT_TIMEOUT_S, read_mountinfo, unmount
 
@@ -118,7 +119,7 @@ class VolumeImages:
             # A new volume is empty, as E2B's: no ``lost+found`` (e2fsck makes it when needed).
             await proc.run([loopdev.require_tool("debugfs", "e2fsprogs"), "-w", "-R",
                             "rmdir lost+found", str(tmp)], timeout=MKFS_TIMEOUT_S)
-            await asyncio.to_thread(_fsync, tmp)
+            await asyncio.to_thread(fsync_file, tmp)
             self.place(tmp, volume_id)
         except BaseException as exc:
             with contextlib.suppress(FileNotFoundError):
@@ -171,11 +172,6 @@ class VolumeImages:
         with contextlib.suppress(FileNotFoundError, OSError):
             target.rmdir()
 
-    async def sync(self, volume_id: str) -> None:
-        """Its data on the image (what another node fetches must be whole)."""
-        if self.mounted(volume_id):
-            await asyncio.to_thread(_syncfs, self.mount_point(volume_id))
-
     async def remove(self, volume_id: str) -> None:
         await self.unmount(volume_id)
         with contextlib.suppress(FileNotFoundError):
@@ -185,19 +181,3 @@ class VolumeImages:
         self.staging.mkdir(parents=True, exist_ok=True)
         return self.staging / f"{volume_id}.{os.urandom(6).hex()}"
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _syncfs(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)  # with the journal: the directory and, below, the whole file system
-        os.sync()
-    finally:
-        os.close(fd)
