@@ -255,6 +255,7 @@ async def sandboxes(
         yield factory
     finally:
         errors = await factory.close(failed=request.node.stash.get(_FAILED, True))
+        await runtime.aclose()
         assert not errors, errors
     assert await runtime.runsc.list() == []
     assert leftovers(runtime, factory.ever) == []

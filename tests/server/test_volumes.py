@@ -13,6 +13,7 @@ from e2b import (
     AuthenticationException,
     Sandbox,
     SandboxException,
+    Template,
     Volume,
     VolumeException,
     VolumeNotFoundException,
@@ -188,6 +189,16 @@ def test_bad_mounts_get_e2b_errors(server: NodeServer) -> None:
         r = _api(server, "POST", "/sandboxes",
                  json={"templateID": "base", "volumeMounts": cases["missing"]})
         assert "volume mount #0: volume 'no-such-volume-here' not found" in r.json()["message"]
+        five = [{"name": vol.name, "path": f"/v{i}", "readOnly": True} for i in range(5)]
+        r = _api(server, "POST", "/sandboxes", json={"templateID": "base", "volumeMounts": five})
+        assert r.status_code == 400 and "at most 4 volumes" in r.json()["message"], r.text
+        # A path the image has a file at: the sandbox cannot take it, and is not left over.
+        before = {s["sandboxID"] for s in _api(server, "GET", "/sandboxes").json()}
+        r = _api(server, "POST", "/sandboxes", json={
+            "templateID": "base", "volumeMounts": [{"name": vol.name, "path": "/etc/passwd"}]})
+        assert r.status_code == 400, r.text
+        assert "/etc/passwd exists and is not a directory" in r.json()["message"]
+        assert {s["sandboxID"] for s in _api(server, "GET", "/sandboxes").json()} == before
         # The size is the quota: the sandbox gets ENOSPC and lives on.
         small = _api(server, "POST", "/volumes", json={"name": _name(), "sizeMB": 16})
         assert small.status_code == 201, small.text
@@ -247,3 +258,49 @@ def test_a_volume_survives_pause_and_resume_and_fork_children_read_it(
         sbx.kill()
     assert vol.read_file("/state.txt") == "before\nafter\nparent\n"
     Volume.destroy(vol.volume_id)
+
+
+def test_a_template_with_a_start_command_keeps_it_running_beside_its_volumes(
+    server: NodeServer,
+) -> None:
+    """Sandboxes with volumes are restored from their template's memory image like any other
+    (the image has spare mount slots, envd binds them where asked): the start command, which
+    ran before the image was taken, runs in them."""
+    name = f"tpl-vol-{secrets.token_hex(3)}"
+    Template.build(
+        Template().from_template("base").set_start_cmd(
+            "while true; do date +%s%N > /tmp/a.new; mv /tmp/a.new /tmp/alive; sleep 0.5; done",
+            "test -s /tmp/alive"),
+        name)
+    vol = Volume.create(_name())
+    other = Volume.create(_name())
+    other.write_file("/hello.txt", "ro")
+    other.make_dir("/nested")  # a read-only volume's mount points must be there already
+    sbx = Sandbox.create(name, timeout=120, volume_mounts={"/home/user/data": vol})
+    try:
+        first = _run(sbx, "cat /tmp/alive")
+        assert _run(sbx, "sleep 1.2; cat /tmp/alive") != first
+        _run(sbx, "echo written > /home/user/data/out.txt")
+        assert vol.read_file("/out.txt") == "written\n"
+        # A reader beside it, from the same image.
+        made = _api(server, "POST", "/sandboxes", json={
+            "templateID": name, "timeout": 120,
+            "volumeMounts": [{"name": other.name, "path": "/srv/ro", "readOnly": True},
+                             {"name": vol.name, "path": "/srv/ro/nested", "readOnly": True}]})
+        assert made.status_code == 201, made.text
+        reader = Sandbox.connect(made.json()["sandboxID"])
+        try:
+            assert _run(reader, "cat /srv/ro/hello.txt /srv/ro/nested/out.txt") == "rowritten\n"
+            with pytest.raises(CommandExitException, match="Read-only"):
+                _run(reader, "echo x > /srv/ro/x", user="root")
+            # Unused slots show nothing and take nothing.
+            assert _run(reader, "ls -A /opt/aenv/volumes/3") == ""
+            with pytest.raises(CommandExitException, match="Read-only"):
+                _run(reader, "echo x > /opt/aenv/volumes/3/x", user="root")
+        finally:
+            reader.kill()
+    finally:
+        sbx.kill()
+        Volume.destroy(vol.volume_id)
+        Volume.destroy(other.volume_id)
+        _api(server, "DELETE", f"/templates/{name}")

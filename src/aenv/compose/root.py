@@ -101,6 +101,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
     guests = GuestConnector()
     _closing(stack, "the guest connections", guests.aclose)
     runtime = build_runtime(settings)
+    _closing(stack, "the runtime", runtime.aclose)
     catalog.host = await host_requirements(runtime)
     workspaces = (await parts.open_workspaces(settings)
                   if settings.workspace == "disk" else None)

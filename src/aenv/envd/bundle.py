@@ -13,6 +13,7 @@ point. Its layout::
     lib/*.so*                     libpython, libc and every other library, under their sonames
     lib/pythonX.Y/                pruned stdlib, lib-dynload, and site-packages holding only
                                   envd's runtime closure; all of it byte-compiled in advance
+    volume-slots                  how many volume slots its sandboxes have (envd/volume_binds.py)
     manifest.json                 versions, input fingerprint, size, where each library came from
 
 This module owns the build: the libraries ``ldd`` reports, stripping debug info, compiling the
@@ -41,7 +42,7 @@ from pathlib import Path
 
 from aenv.core import proc
 from aenv.core.errors import Internal, InvalidArgument
-from aenv.envd import ENVD_VERSION
+from aenv.envd import ENVD_VERSION, volume_binds
 from aenv.envd.bundle_sources import (
     PYTHON_IN_BUNDLE,
     STUBS,
@@ -247,6 +248,8 @@ async def _build_into(tmp: Path, sources: Sources, say: Progress) -> Manifest:
     await proc.run(["gcc", *LAUNCHER_CFLAGS, *exec_as], timeout=STEP_TIMEOUT_S)
     sudo = [str(sources.launcher_c.with_name("sudo.c")), "-o", str(tmp / "bin" / "sudo")]
     await proc.run(["gcc", *LAUNCHER_CFLAGS, *sudo], timeout=STEP_TIMEOUT_S)
+    # Sandboxes of this bundle get volume slots (envd/volume_binds.py); the runtime reads it.
+    (tmp / volume_binds.MARKER).write_text(f"{volume_binds.SLOTS}\n")
     if STATIC_BUSYBOX.exists() and is_static(STATIC_BUSYBOX):
         await asyncio.to_thread(shutil.copy2, STATIC_BUSYBOX, tmp / "bin" / "busybox")
     else:

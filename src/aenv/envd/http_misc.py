@@ -13,6 +13,7 @@ from aenv.envd import bootid
 from aenv.envd.eventloop import after_restore
 from aenv.envd.state import EnvdState
 from aenv.envd.sysmetrics import CpuSampler, snapshot
+from aenv.envd.volume_binds import SlotBind
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -45,6 +46,8 @@ async def init(request: Request) -> Response:
 
     ``renewBootId`` (aenv's, not E2B's): this envd now serves a new sandbox, not the one its
     memory image was saved from, so it gets a boot id of its own (``bootid.py``).
+    ``volumeMounts`` (aenv's): ``[{slot, path, readOnly}]``, the volume slots to bind where
+    the sandbox's volumes belong (``volume_binds.py``).
     """
     state: EnvdState = request.app.state.envd
     try:
@@ -62,6 +65,10 @@ async def init(request: Request) -> Response:
         renew_boot_id = body.get("renewBootId", False)
         if not isinstance(renew_boot_id, bool):
             raise ValueError("renewBootId must be a boolean")
+        raw_mounts = body.get("volumeMounts") or []
+        if not isinstance(raw_mounts, list):
+            raise ValueError("volumeMounts must be a list")
+        mounts = [SlotBind.parse(m) for m in raw_mounts]
     except ValueError as exc:
         return error_response(400, f"invalid init request: {exc}")
     # Once a token is set, only its holder may change the sandbox's identity.
@@ -77,6 +84,13 @@ async def init(request: Request) -> Response:
         state.default_user = user
     if workdir:
         state.default_workdir = workdir
+    if mounts:
+        try:
+            state.volume_binds.apply(mounts)
+        except ValueError as exc:
+            return error_response(400, f"cannot mount a volume: {exc}")
+        except OSError as exc:
+            return error_response(500, f"cannot mount a volume: {exc}")
     if renew_boot_id and state.boot_id_file is not None:
         try:
             bootid.write(state.boot_id_file)

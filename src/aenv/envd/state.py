@@ -6,6 +6,8 @@ import hmac
 import time
 from dataclasses import dataclass, field
 
+from aenv.envd.volume_binds import Binds
+
 
 @dataclass
 class EnvdState:
@@ -20,6 +22,8 @@ class EnvdState:
     #: The file bind-mounted over /proc/sys/kernel/random/boot_id (``bootid.py``); None when
     #: envd does not own the boot id (not asked to, or the mount was refused).
     boot_id_file: str | None = None
+    #: Volume slots bound where the sandbox's volumes belong (``volume_binds.py``).
+    volume_binds: Binds = field(default_factory=Binds)
     started_monotonic: float = field(default_factory=time.monotonic)
 
     def token_matches(self, presented: str | None) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from aenv.core.errors import Unavailable
+from aenv.core.errors import InvalidArgument, Unavailable
 from aenv.core.net import NetSlot
 from aenv.runtime.base import ENVD_PORT
 
@@ -67,26 +67,34 @@ class EnvdClient:
     async def init(
         self, *, token: str, env_vars: dict[str, str], user: str, workdir: str | None,
         current_token: str | None = None, renew_boot_id: bool = False,
+        volume_mounts: list[dict[str, object]] | None = None,
     ) -> None:
         """Hand envd its identity. ``workdir`` None: leave envd's as it is (none, for a
         template without WORKDIR: each user's home). ``current_token``: the token envd already
         holds (a sandbox restored from another one's memory), which authorises the change.
         ``renew_boot_id``: a new sandbox, not the continuation of the boot its memory image was
-        saved from, so it gets a boot id of its own (envd/bootid.py)."""
+        saved from, so it gets a boot id of its own (envd/bootid.py). ``volume_mounts``: the
+        volume slots to bind where they belong (envd/volume_binds.py); a path the image
+        cannot take (a file there) is ``InvalidArgument``."""
         try:
             response = await self._post_init(
-                token, env_vars, user, workdir, current_token, renew_boot_id
+                token, env_vars, user, workdir, current_token, renew_boot_id,
+                volume_mounts or [],
             )
         except httpx.HTTPError as exc:
             raise Unavailable(f"envd /init failed: {exc!r}") from exc
+        if response.status_code == 400 and volume_mounts:
+            raise InvalidArgument(_message(response))
         if response.status_code != 204:
             raise Unavailable(f"envd /init failed: {response.status_code} {response.text}")
 
     async def _post_init(
         self, token: str, env_vars: dict[str, str], user: str, workdir: str | None,
-        current_token: str | None, renew_boot_id: bool,
+        current_token: str | None, renew_boot_id: bool, volume_mounts: list[dict[str, object]],
     ) -> httpx.Response:
         body: dict[str, Any] = {"accessToken": token, "envVars": env_vars, "defaultUser": user}
+        if volume_mounts:
+            body["volumeMounts"] = volume_mounts
         if workdir:
             body["defaultWorkdir"] = workdir
         if renew_boot_id:
@@ -100,3 +108,10 @@ class EnvdClient:
         response.raise_for_status()
         data: dict[str, Any] = response.json()
         return data
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text

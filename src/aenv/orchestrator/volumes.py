@@ -41,6 +41,7 @@ from aenv.core.ids import new_volume_id
 from aenv.core.keyed_locks import KeyedLocks
 from aenv.core.settings import Settings
 from aenv.core.states import SandboxState
+from aenv.envd.volume_binds import SLOTS, SLOTS_DIR, slot_count
 from aenv.runtime.base import ENVD_MOUNT, VolumeBind
 from aenv.storage.volume_catalog import VolumeCatalog, VolumeManifest
 from aenv.storage.volume_images import VolumeImages
@@ -51,7 +52,8 @@ log = logging.getLogger("aenv.orchestrator.volumes")
 NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
 MAX_NAME = 250
 #: No volume over these: the sandbox needs them (``/`` would hide its whole root).
-_RESERVED = ("/", "/proc", "/sys", "/dev", ENVD_MOUNT)
+_RESERVED = ("/", "/proc", "/sys", "/dev", posixpath.dirname(ENVD_MOUNT),
+             posixpath.dirname(SLOTS_DIR))
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,16 @@ class Mounted:
 
 def mounts_of(raw: Sequence[dict[str, object]] | None) -> list[Mounted]:
     return [Mounted.from_json(m) for m in raw or ()]
+
+
+def slot_binds(envd_bundle: Path, mounted: Sequence[Mounted]) -> list[dict[str, object]]:
+    """envd's ``/init`` ``volumeMounts``: the k-th volume is in slot k (``Volumes.binds``
+    keeps the order; ``envd/volume_binds.py``). None for a bundle without slots (its
+    sandboxes have their volumes bound at their paths by the runtime)."""
+    if not slot_count(envd_bundle):
+        return []
+    return [{"slot": k, "path": m.path, "readOnly": m.read_only}
+            for k, m in enumerate(mounted)]
 
 
 class Volumes:
@@ -337,6 +349,8 @@ class Volumes:
             if reason is not None:
                 problems.append(f"volume mount #{index}: {reason}")
             seen.add(r.path)
+        if len(requests) > SLOTS:
+            problems.append(f"a sandbox mounts at most {SLOTS} volumes, not {len(requests)}")
         if problems:
             raise InvalidArgument("invalid mounts:\n\t- " + "\n\t- ".join(problems))
         return found

@@ -217,6 +217,11 @@ class Runtime(Protocol):
         writing the image of one of ``sandbox_ids``? Recovery waits for it to end."""
         ...
 
+    async def aclose(self) -> None:
+        """Release what the driver holds on the host for all its sandboxes (at node stop;
+        sandboxes still running keep what they use)."""
+        ...
+
     async def wait_exit(self, instance: Instance) -> Exit:
         """Wait until the sandbox's runtime has exited, for whatever reason (a checkpoint
         without ``leave_running`` and ``destroy`` too: the caller tells those apart), and say

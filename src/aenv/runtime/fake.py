@@ -264,6 +264,9 @@ class FakeRuntime:
             for rid, s in self._sandboxes.items()
         ]
 
+    async def aclose(self) -> None:
+        pass
+
     async def image_requirements(self) -> dict[str, str]:
         return {"image_format": IMAGE_FORMAT}
 

@@ -54,6 +54,7 @@ from aenv.runtime.base import (
 )
 from aenv.runtime.gvisor_stats import StatsSampler
 from aenv.runtime.runsc import RUNSC, Runsc, RunscConfig, map_runsc_errors
+from aenv.runtime.slot_filler import SlotFiller
 
 log = logging.getLogger("aenv.runtime.gvisor")
 
@@ -122,6 +123,11 @@ class GvisorRuntime:
             )
         )
         self._stats = StatsSampler(self.runsc, self.bundle_dir)
+        self._slot_filler = SlotFiller(config.state_dir / "slot-filler")
+
+    async def aclose(self) -> None:
+        """Release what the driver mounted on the host (running sandboxes keep theirs)."""
+        await self._slot_filler.remove()
 
     # ---------------------------------------------------------------- paths
 
@@ -393,7 +399,7 @@ class GvisorRuntime:
 
         bundle, logs = self.bundle_dir(sid), self.log_dir(sid)
         try:
-            self._prepare_bundle(spec, net)
+            self._prepare_bundle(spec, net, await self._slot_filler.ensure())
             logs.mkdir(parents=True, exist_ok=True)
             pid_file = bundle / "sandbox.pid"
             action = "create" if create_only else "run" if image is None else "restore"
@@ -421,7 +427,7 @@ class GvisorRuntime:
         return Instance(sandbox_id=sid, runtime_id=sid, pid=pid, net=net)
 
 
-    def _prepare_bundle(self, spec: SandboxSpec, net: NetSlot) -> None:
+    def _prepare_bundle(self, spec: SandboxSpec, net: NetSlot, slot_filler: Path) -> None:
         bundle = self.bundle_dir(spec.sandbox_id)
         bundle.mkdir(parents=True)
         etc = oci.write_etc(bundle / "etc", oci.etc_files(spec, net, self.config.dns_servers))
@@ -433,6 +439,7 @@ class GvisorRuntime:
             limits=self.config.limits,
             net_raw=self.config.net_raw,
             tmp_in_memory=self.config.tmp_in_memory,
+            slot_filler=slot_filler,
         )
         oci.write_config(bundle, config)
         (bundle / "container-id").write_text(spec.sandbox_id)

@@ -39,6 +39,7 @@ from typing import Any
 
 from aenv.core.errors import InvalidArgument
 from aenv.core.net import NetSlot
+from aenv.envd import volume_binds
 from aenv.runtime.base import ENVD_MOUNT, ENVD_PORT, SandboxSpec
 
 #: Where the bundle's sudo stand-in is mounted in every sandbox.
@@ -138,11 +139,14 @@ def sandbox_config(
     limits: Limits = Limits(),
     net_raw: bool = False,
     tmp_in_memory: bool = False,
+    slot_filler: Path | None = None,
 ) -> dict[str, Any]:
     """The OCI ``config.json`` of one sandbox (pure).
 
     ``etc_mounts``: files bind-mounted over ``/etc/<name>`` (``hosts``, ``hostname``,
     ``resolv.conf``, as ``etc_files`` makes them); the image's own stay where none is given.
+    ``slot_filler``: the read-only empty directory unused volume slots show (needed when the
+    envd bundle has slots, :func:`volume_mounts`).
     Raises ``InvalidArgument`` for a bad env name, hostname or resource number.
     """
     if spec.cpu_count < 1 or spec.memory_mb < 16:
@@ -204,13 +208,7 @@ def sandbox_config(
             {"destination": SUDO_PATH, "type": "bind", "source": str(sudo),
              "options": ["bind", "ro"]}
         )
-    for volume in spec.volumes:
-        # Shared file access (runsc's default for mounts): what the content API or another
-        # sandbox writes on the host is seen at once, as E2B's uncached NFS mounts are.
-        mounts.append(
-            {"destination": volume.destination, "type": "bind", "source": str(volume.source),
-             "options": ["rbind", "ro" if volume.read_only else "rw"]}
-        )
+    mounts += volume_mounts(spec, slot_filler)
     for name, source in sorted((etc_mounts or {}).items()):
         mounts.append(
             {
@@ -314,3 +312,27 @@ def _check_hostname(name: str) -> None:
     )
     if not ok:
         raise InvalidArgument(f"invalid hostname {name!r}")
+
+
+def volume_mounts(spec: SandboxSpec, slot_filler: Path | None) -> list[dict[str, Any]]:
+    """The sandbox's volumes. With an envd bundle that has volume slots
+    (``envd/volume_binds.py``): every slot, the k-th showing the k-th volume or else
+    ``slot_filler`` (envd binds each where it belongs). With an older bundle: each volume
+    bound at its path (its images were taken so).
+
+    Shared file access (runsc's default for mounts): what the content API or another sandbox
+    writes on the host is seen at once, as E2B's uncached NFS mounts are. Raises
+    ``InvalidArgument`` for more volumes than slots, or slots without a filler.
+    """
+    slots = volume_binds.slot_count(spec.envd_bundle)
+    if not slots:
+        return [{"destination": v.destination, "type": "bind", "source": str(v.source),
+                 "options": ["rbind", "ro" if v.read_only else "rw"]} for v in spec.volumes]
+    if len(spec.volumes) > slots:
+        raise InvalidArgument(f"a sandbox mounts at most {slots} volumes")
+    if slot_filler is None:
+        raise InvalidArgument("volume slots need a filler directory")
+    # Always read-write here: a read-only volume's source refuses writes on the host.
+    sources = [v.source for v in spec.volumes] + [slot_filler] * (slots - len(spec.volumes))
+    return [{"destination": volume_binds.slot_path(k), "type": "bind", "source": str(source),
+             "options": ["rbind", "rw"]} for k, source in enumerate(sources)]

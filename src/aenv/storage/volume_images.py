@@ -29,6 +29,7 @@ from pathlib import Path
 
 from aenv.core import proc
 from aenv.core.errors import CommandError, Conflict, InvalidArgument, NotEnoughSpace
+from aenv.envd.volume_binds import ROOT_MODE
 from aenv.storage import loopdev
 from aenv.storage.ext4_resize import fsync_file
 from aenv.storage.files import fsync_dirs
@@ -42,9 +43,6 @@ MKFS_TIMEOUT_S = 60.0
 #: API's files default to 9090).
 _MKFS_ARGS = ("-q", "-F", "-m", "0", "-b", "4096", "-L", "aenv-vol", "-E", "root_owner=0:0")
 _MOUNT_OPTIONS = "noatime,discard"
-#: A volume's root: everyone may create files in it (the sticky bit keeps them from removing
-#: each other's).
-_ROOT_MODE = 0o1777
 
 
 class VolumeImages:
@@ -158,7 +156,7 @@ class VolumeImages:
             await asyncio.shield(loopdev.detach(device))
             raise
         await loopdev.release(device)
-        target.chmod(_ROOT_MODE)
+        target.chmod(ROOT_MODE)
         return target
 
     async def unmount(self, volume_id: str) -> None:

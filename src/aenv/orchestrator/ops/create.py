@@ -20,6 +20,7 @@ from aenv.core.errors import FailedPrecondition, NotFound, ResourceExhausted
 from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.core.states import SandboxState
+from aenv.envd.volume_binds import slot_count
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.egress import policy_from
@@ -28,7 +29,7 @@ from aenv.orchestrator.instance_codec import instance_json
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, release
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.unwind import to_the_end
-from aenv.orchestrator.volumes import Mounted, MountRequest, mounts_of
+from aenv.orchestrator.volumes import Mounted, MountRequest, mounts_of, slot_binds
 from aenv.store.models import SandboxRecord
 
 if TYPE_CHECKING:
@@ -111,11 +112,12 @@ async def create_from(node: Node, template: Template, params: CreateParams, *,
         # mount them again, read-only as a fork's children do (its source may still write).
         params = replace(params, inherited_volumes=tuple(
             replace(m, read_only=True) for m in mounts_of(list(template.volume_mounts))))
-    if params.volume_mounts and template.image is not None:
-        # A restore brings back only the mounts its checkpoint had: a volume's would not be
-        # there (measured: its path then reaches the host through the root, and read-only is
-        # not enforced). So such a sandbox boots from the layers; the template's start
-        # command, run before its image was taken, is not run (docs/volumes.md).
+    if (params.volume_mounts and template.image is not None
+            and not slot_count(template.envd_bundle or node.envd_bundle)):
+        # A restore brings back only the mounts its checkpoint had, and an image made with
+        # an envd bundle older than volume slots (envd/volume_binds.py) has none: a volume
+        # would not be there (measured: its path then reaches the host through the root,
+        # and read-only is not enforced). So such a sandbox boots from the layers.
         template = replace(template, image=None, envd_token=None)
     warm = pre = None
     # A sandbox with volumes boots with their binds: the pools' sandboxes have none.
@@ -231,6 +233,7 @@ async def _initialise(
             workdir=booted.template.default_workdir,
             current_token=booted.template.envd_token,
             renew_boot_id=renew_boot_id,
+            volume_mounts=slot_binds(booted.envd_bundle, mounts_of(record.volume_mounts)),
         )
     # The lifetime counts from when the sandbox became usable.
     now = node.clock()

@@ -34,7 +34,7 @@ from aenv.orchestrator.instance_codec import decode, envd_bundle_of, instance_js
 from aenv.orchestrator.ops.boot import sandbox_spec
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.orchestrator.unwind import to_the_end
-from aenv.orchestrator.volumes import mounts_of
+from aenv.orchestrator.volumes import mounts_of, slot_binds
 from aenv.runtime.base import Instance
 from aenv.store.models import SandboxRecord
 
@@ -95,7 +95,8 @@ async def reboot(node: Node, record: SandboxRecord) -> tuple[SandboxRecord, dict
             await envd.wait_ready(node.settings.envd_ready_timeout_s)
             await envd.init(token=record.envd_token, env_vars=record.env_vars,
                             user=template.default_user, workdir=template.default_workdir,
-                            current_token=None, renew_boot_id=False)
+                            current_token=None, renew_boot_id=False,
+                            volume_mounts=slot_binds(bundle, mounts_of(record.volume_mounts)))
     except BaseException:
         await to_the_end(_undo(node, record, slot, instance))
         raise
