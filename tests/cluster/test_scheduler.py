@@ -108,6 +108,14 @@ async def test_placement_follows_load_and_locality(
         other = await client.post("/v1/placements", json={
             "templateID": "base", "hostKey": "0123456789ab"})
         assert other.status_code == 429
+        # A volume is mounted where it is checked out: that node wins over any load.
+        await beat(redis, keys, "busy", cpu_pct=90, running=8, limit=10, volumes=["data"])
+        near = (await client.post("/v1/placements", json={
+            "templateID": "base", "volumes": ["other", "data"]})).json()
+        assert near["placements"][0]["nodeID"] == "busy"
+        elsewhere = (await client.post("/v1/placements", json={
+            "templateID": "base", "volumes": ["not-held-anywhere"]})).json()
+        assert elsewhere["placements"][0]["nodeID"] == "idle"
 
 
 async def test_a_fork_spreads_over_nodes_when_one_is_full(

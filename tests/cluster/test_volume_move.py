@@ -1,11 +1,14 @@
 """A volume across a cluster (nodes in network namespaces of their own, a real S3 server as the
-shared repository, the gateway in front): written by a sandbox on node A, then — A gone — read
-by a sandbox the gateway placed on node B, and through the content API."""
+shared repository, the gateway in front): written by a sandbox on node A, read by sandboxes
+the scheduler places on A while A holds it, then — A gone — read by a sandbox the gateway
+placed on node B, and through the content API."""
 
 from __future__ import annotations
 
 import secrets
+import time
 
+import httpx
 import pytest
 from e2b import Sandbox, Volume
 
@@ -13,6 +16,7 @@ from tests.cluster.layout import Namespace
 from tests.cluster.test_gateway import node_of
 from tests.cluster.test_move import _stop, cluster
 from tests.redis_server import RedisServer
+from tests.server.harness import API_KEY
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.timeout(600)]
 
@@ -28,8 +32,27 @@ def test_a_volume_written_on_one_node_is_read_on_another(
         assert node_of(redis_server, writer.sandbox_id) == c.name("vol-a")
         writer.files.write("/data/payload.txt", payload)
         writer.commands.run("mkdir -p /data/sub && echo nested > /data/sub/f", timeout=30)
-        writer.kill()
         c.start_b()
+        # While A holds the volume, readers are placed on A (on B the volume could not be
+        # mounted: A has it), however the load falls.
+        time.sleep(1.5)  # B's heartbeats, and A's naming the volume, reach the scheduler
+        readers = []
+        for _ in range(3):
+            made = httpx.post(f"{c.gateway.url}/sandboxes", headers={"X-API-KEY": API_KEY},
+                              timeout=120, json={"templateID": "base", "timeout": 60,
+                                                 "volumeMounts": [{"name": vol.name,
+                                                                   "path": "/data",
+                                                                   "readOnly": True}]})
+            assert made.status_code == 201, made.text
+            readers.append(Sandbox.connect(made.json()["sandboxID"]))
+        try:
+            for reader in readers:
+                assert node_of(redis_server, reader.sandbox_id) == c.name("vol-a")
+                assert reader.files.read("/data/sub/f") == "nested\n"
+        finally:
+            for reader in readers:
+                reader.kill()
+        writer.kill()
         # A stops: its volumes go back to the repository on the way out.
         _stop(c.a)
         reader = Sandbox.create(timeout=120, volume_mounts={"/data": vol.name})

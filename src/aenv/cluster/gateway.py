@@ -298,14 +298,14 @@ class Gateway:
         body = await request.body()
         try:
             wanted = json.loads(body or b"{}")
-            template = str(wanted.get("templateID") or "") if isinstance(wanted, dict) else ""
         except ValueError:
-            template = ""  # the node answers the malformed body with its own 400
+            wanted = None  # the node answers the malformed body with its own 400
+        template, volumes = _placement_fields(wanted)
         exclude: list[str] = []
         answer: Response | None = None
         for _ in range(CREATE_ATTEMPTS):
             placed = await self.scheduler.place(templateID=template, exclude=exclude,
-                                                key=_key_id(request))
+                                                key=_key_id(request), volumes=volumes)
             if isinstance(placed, Response):
                 return placed
             [placement] = placed
@@ -419,3 +419,14 @@ def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
     app = Starlette(routes=[Route("/{path:path}", gateway.handle, methods=methods)],
                     lifespan=lifespan, exception_handlers={HTTPException: http_error})
     return _Limited(app, limits or BodyLimits())
+
+
+def _placement_fields(body: object) -> tuple[str, list[str]]:
+    """A create body's template and the names of the volumes it mounts (what placement
+    prefers nodes by); whatever is malformed counts as absent (the node answers it)."""
+    if not isinstance(body, dict):
+        return "", []
+    mounts = body.get("volumeMounts")
+    names = sorted({str(m["name"]) for m in mounts if isinstance(m, dict) and m.get("name")}
+                   ) if isinstance(mounts, list) else []
+    return str(body.get("templateID") or ""), names[:64]

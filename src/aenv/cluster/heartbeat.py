@@ -116,6 +116,7 @@ class Heartbeat:
             if self.node.host_requirements else "",
             templates=sorted({default, *templates}),
             warm={default: self.node.warm.ready},
+            volumes=self.node.volumes.held_names(),
         )
         return info, [r.sandbox_id for r in records]
 

@@ -57,6 +57,8 @@ class NodeInfo(BaseModel):
     templates: list[str] = Field(default_factory=list, description="templates cached locally")
     snapshots: list[str] = Field(default_factory=list, description="snapshots cached locally")
     warm: dict[str, int] = Field(default_factory=dict, description="template → warm sandboxes")
+    volumes: list[str] = Field(default_factory=list,
+                               description="names of the volumes checked out on the node")
     heartbeat_ms: int = 0
 
     def to_redis(self) -> dict[str, str]:

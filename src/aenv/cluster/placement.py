@@ -8,8 +8,10 @@
    looks at a few nodes, not all, so replicas placing at once spread instead of all picking
    the one best node), plus every node with locality (below): those are worth looking at.
 3. **Score** each, lower is better: load (CPU, memory, capacity used, starts in flight) minus
-   locality bonuses (the sandbox's origin node for a resume, its snapshot cached, a warm-pool
-   sandbox of its template free, its template's layers cached).
+   locality bonuses (the sandbox's origin node for a resume, a volume it mounts checked out
+   there — elsewhere the create would wait for that node to let the volume go, or be refused
+   while a sandbox there writes it —, its snapshot cached, a warm-pool sandbox of its
+   template free, its template's layers cached).
 
 The scheduler then reserves (``reserve.py``) in score order until one reservation holds; the
 order is a preference, the reservation the decision.
@@ -27,6 +29,8 @@ SAMPLE = 3
 #: Score weights: load terms are fractions in [0, 1]; bonuses subtract.
 W_CPU, W_MEMORY, W_USED, W_STARTING = 0.3, 0.3, 0.3, 0.1
 BONUS_ORIGIN, BONUS_SNAPSHOT, BONUS_WARM, BONUS_TEMPLATE = 0.4, 0.3, 0.3, 0.15
+#: Above every load: a volume is mounted only where it is checked out.
+BONUS_VOLUME = 2.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class Want:
     origin: str | None = None
     host_key: str | None = None
     exclude: frozenset[str] = field(default_factory=frozenset)
+    volumes: frozenset[str] = field(default_factory=frozenset)
 
 
 def eligible(node: NodeInfo, want: Want, now_ms: int) -> bool:
@@ -57,6 +62,8 @@ def score(node: NodeInfo, want: Want) -> float:
     bonus = 0.0
     if want.origin and node.node_id == want.origin:
         bonus += BONUS_ORIGIN
+    if want.volumes.intersection(node.volumes):
+        bonus += BONUS_VOLUME
     if want.snapshot_id and want.snapshot_id in node.snapshots:
         bonus += BONUS_SNAPSHOT
     if want.template_id and node.warm.get(want.template_id, 0) > 0:
@@ -68,6 +75,7 @@ def score(node: NodeInfo, want: Want) -> float:
 
 def local(node: NodeInfo, want: Want) -> bool:
     return bool((want.origin and node.node_id == want.origin)
+                or want.volumes.intersection(node.volumes)
                 or (want.snapshot_id and want.snapshot_id in node.snapshots)
                 or (want.template_id and node.warm.get(want.template_id, 0) > 0))
 

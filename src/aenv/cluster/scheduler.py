@@ -65,12 +65,14 @@ class PlacementRequest(BaseModel):
     exclude: list[str] = Field(default_factory=list)
     key: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]+$",
                             description="the caller's API key id, for its quota")
+    volumes: list[str] = Field(default_factory=list, max_length=64,
+                               description="names of the volumes the sandbox mounts")
 
     def want(self) -> placement.Want:
         return placement.Want(
             template_id=self.template_id, snapshot_id=self.snapshot_id, origin=self.origin,
             host_key=self.host_key,
-            exclude=frozenset(self.exclude))
+            exclude=frozenset(self.exclude), volumes=frozenset(self.volumes))
 
 
 def _refusal(status: int, error: str, message: str, retry_after_s: int | None = None

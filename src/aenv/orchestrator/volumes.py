@@ -111,8 +111,8 @@ class Volumes:
         #: volume id → monotonic time its last user left (the idle release counts from it).
         self._idle_since: dict[str, float] = {}
         self._content = itertools.count()
-        #: Volumes this process checked out (its holds it knows to be its own).
-        self._held: set[str] = set()
+        #: Volumes this process checked out (its holds it knows to be its own): id → name.
+        self._held: dict[str, str] = {}
 
     # -- the control plane -------------------------------------------------------------------
 
@@ -146,12 +146,17 @@ class Volumes:
             holder = await self.catalog.holder(volume_id)
             if holder not in (None, self.node_id):
                 raise Conflict(f"volume {manifest.name} is in use on node {holder}")
-            self._held.discard(volume_id)
+            self._held.pop(volume_id, None)
             await self.catalog.delete(manifest)
             await self.images.remove(volume_id)
             self._users.pop(volume_id, None)
             self._idle_since.pop(volume_id, None)
             log.info("deleted volume %s (%s)", volume_id, manifest.name)
+
+    def held_names(self) -> builtins.list[str]:
+        """Names of the volumes checked out here (the heartbeat's: a cluster places a create
+        that mounts one of them on this node, where it can be mounted at once)."""
+        return sorted(self._held.values())
 
     # -- the content plane -------------------------------------------------------------------
 
@@ -295,7 +300,7 @@ class Volumes:
             if not (held_before and self.images.has_image(volume_id)):
                 await self._fetch(manifest)
             mounted = await self.images.mount(volume_id)
-            self._held.add(volume_id)
+            self._held[volume_id] = manifest.name
             return mounted
         except BaseException:
             if not held_before:
@@ -319,7 +324,7 @@ class Volumes:
                  manifest.version, len(manifest.chunks))
 
     async def _release(self, volume_id: str) -> None:
-        self._held.discard(volume_id)
+        self._held.pop(volume_id, None)
         manifest = await self.catalog.get(volume_id)
         if manifest is None:  # deleted meanwhile (by another node: it was not held here)
             await self.images.remove(volume_id)
