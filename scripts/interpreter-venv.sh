@@ -85,6 +85,14 @@ if npm install --silent --no-audit --no-fund --prefix "$VENV/deno" "deno@$DENO_V
         spec=$(dirname -- "$(find "$scratch" -path '*/kernels/deno/kernel.json' | head -1)")
         mkdir -p "$VENV/share/jupyter/kernels"
         mv "$spec" "$VENV/share/jupyter/kernels/deno"
+        # Interrupts as messages: Deno ends the running cell and keeps the kernel's state
+        # (a SIGINT kills the kernel); the template's kernelspec says the same.
+        "$VENV/bin/python" - "$VENV/share/jupyter/kernels/deno/kernel.json" <<'PY' >&2
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["interrupt_mode"] = "message"
+json.dump(spec, open(sys.argv[1], "w"), indent=1)
+PY
         rm -rf "$scratch"
     else
         echo "no deno binary in deno's npm platform packages" > "$VENV/.deno-missing"

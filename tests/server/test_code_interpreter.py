@@ -4,16 +4,22 @@
 template and talks to port 49999 through the node's proxy — runs cells whose state lasts,
 returns rich results, and keeps its kernel's state across pause/resume and in fork children.
 
-The first build on a machine downloads ~150 MB from PyPI and npm and takes minutes; later
-ones reuse the shared layer cache and only make the memory image again.
+R through the same SDK: state across cells, printed values and data frames, errors, base-R
+plots, env vars per call (R's kernel is only in the template, so these run here).
+
+The first build on a machine downloads ~150 MB from PyPI and npm and ~50 MB of R's Debian
+packages and takes minutes; later ones reuse the shared layer cache and only make the memory
+image again.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 
 import pytest
 from e2b_code_interpreter import Sandbox
+from e2b_code_interpreter.models import Context
 
 from aenv.client.sync import Client
 from tests.server.harness import API_KEY, NodeServer, serving
@@ -117,3 +123,86 @@ def test_the_js_sdk(node: NodeServer) -> None:
     summary = json.loads(lines[-1])
     assert summary["ok"], summary
     assert done.returncode == 0
+
+
+# -- R (its kernel comes from the Debian packages the template installs; R is not on the
+# host, so these run here, in the template's sandboxes, not in tests/interpreter) --------
+
+
+@pytest.fixture(scope="module")
+def r_sandbox(node: NodeServer) -> Iterator[Sandbox]:
+    sbx = Sandbox.create(timeout=600)
+    try:
+        yield sbx
+    finally:
+        sbx.kill()
+
+
+@pytest.fixture
+def r(r_sandbox: Sandbox) -> Iterator[Context]:
+    context = r_sandbox.create_code_context(language="r")
+    try:
+        yield context
+    finally:
+        r_sandbox.remove_code_context(context)
+
+
+def test_r_state_across_cells_and_contexts(r_sandbox: Sandbox, r: Context) -> None:
+    assert r.language == "r"
+    first = r_sandbox.run_code("x <- 41", context=r)
+    assert first.error is None and first.results == []
+    second = r_sandbox.run_code("x + 1", context=r)
+    assert second.error is None, second.error
+    # IRkernel shows a value as display_data, not as an execute_result (E2B's server
+    # forwards it the same way): a result, but not the main one.
+    assert [res.text for res in second.results] == ["[1] 42"]
+    assert second.execution_count == first.execution_count + 1
+    # Another context is another R process.
+    other = r_sandbox.create_code_context(language="r")
+    try:
+        missing = r_sandbox.run_code("exists('x')", context=other)
+        assert [res.text for res in missing.results] == ["[1] FALSE"]
+    finally:
+        r_sandbox.remove_code_context(other)
+
+
+def test_r_values_data_frames_and_printed_output(r_sandbox: Sandbox, r: Context) -> None:
+    frame = r_sandbox.run_code("data.frame(n = 1:3, sq = (1:3)^2)", context=r)
+    assert frame.error is None, frame.error
+    (result,) = frame.results
+    # repr's own text layout (columns padded, not print()'s alignment).
+    assert [line.split() for line in (result.text or "").splitlines()] == [
+        ["n", "sq"], ["1", "1", "1"], ["2", "2", "4"], ["3", "3", "9"]]
+    assert "<table" in (result.html or "") and "A data.frame: 3" in (result.html or "")
+    # No context: the default R context, started at its first use, as E2B's server does.
+    printed = r_sandbox.run_code('print("Hello, World!"); cat("done\\n")', language="r")
+    assert printed.error is None, printed.error
+    assert printed.logs.stdout == ['[1] "Hello, World!"\n', "done\n"]
+    assert r_sandbox.run_code("message('to stderr')", context=r).logs.stderr == ["to stderr\n\n"]
+
+
+def test_an_r_error_is_an_execution_error(r_sandbox: Sandbox, r: Context) -> None:
+    failed = r_sandbox.run_code("f <- function() stop('boom')\nf()", context=r)
+    assert failed.error is not None
+    assert failed.error.name == "ERROR"
+    assert failed.error.value == "Error in f(): boom\n"
+    assert "Traceback:" in failed.error.traceback
+    assert "1. f()" in failed.error.traceback and 'stop("boom")' in failed.error.traceback
+    # The context is intact after the error.
+    assert [res.text for res in r_sandbox.run_code("1 + 1", context=r).results] == ["[1] 2"]
+
+
+def test_a_base_r_plot_is_a_png(r_sandbox: Sandbox, r: Context) -> None:
+    plotted = r_sandbox.run_code("plot(1:10)", context=r)
+    assert plotted.error is None, plotted.error
+    (result,) = plotted.results
+    assert result.png is not None
+    assert base64.b64decode(result.png).startswith(b"\x89PNG\r\n\x1a\n")
+    assert result.text == "plot without title"
+
+
+def test_r_env_vars_hold_for_one_call(r_sandbox: Sandbox, r: Context) -> None:
+    read = "Sys.getenv('AENV_R_VAR', unset = 'unset')"
+    called = r_sandbox.run_code(read, context=r, envs={"AENV_R_VAR": "bar"})
+    assert [res.text for res in called.results] == ['[1] "bar"']
+    assert [res.text for res in r_sandbox.run_code(read, context=r).results] == ['[1] "unset"']

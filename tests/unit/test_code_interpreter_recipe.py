@@ -20,17 +20,25 @@ def _package(root: Path, body: str) -> Path:
     return package
 
 
+def _recipe(r: str = "c" * 64, inputs: str = "a" * 64,
+            package: str = "b" * 64) -> code_interpreter.Recipe:
+    return code_interpreter.recipe(r_hash=r, inputs_hash=inputs, package_hash=package)
+
+
 def test_the_recipe_is_a_valid_build_request() -> None:
-    recipe = code_interpreter.recipe(inputs_hash="a" * 64, package_hash="b" * 64)
+    recipe = _recipe()
     plan = plan_from_e2b(from_image=None, from_template="base", registry=None,
                          steps=recipe.steps, start_cmd=recipe.start_cmd,
                          ready_cmd=recipe.ready_cmd, force=False)
     steps = plan.stages[0].steps
-    assert [step.kind for step in steps] == ["USER", "COPY", "RUN", "COPY", "USER", "WORKDIR"]
-    assert (steps[1].files_hash, steps[3].files_hash) == ("a" * 64, "b" * 64)
+    assert [step.kind for step in steps] == ["USER", "COPY", "RUN", "COPY", "RUN", "COPY",
+                                             "USER", "WORKDIR"]
+    # R lowest: new wheels or a new server leave its layer as it is.
+    assert [steps[i].files_hash for i in (1, 3, 5)] == ["c" * 64, "a" * 64, "b" * 64]
     assert plan.start_cmd is not None and "--port 49999" in plan.start_cmd
-    # The install needs no network: only the wheels the node brought.
-    assert "--no-index" in steps[2].args[0]
+    # The installs need no network: only the debs and wheels the node brought.
+    assert "dpkg --install" in steps[2].args[0] and "apt" not in steps[2].args[0]
+    assert "--no-index" in steps[4].args[0]
 
 
 def test_the_package_context_holds_the_package_and_nothing_compiled(tmp_path: Path) -> None:
@@ -46,9 +54,10 @@ def test_same_inputs_same_bytes_any_change_another_tag(tmp_path: Path) -> None:
     same = code_interpreter.package_tar(_package(tmp_path / "b", "x = 1\n"))
     other = code_interpreter.package_tar(_package(tmp_path / "c", "x = 2\n"))
     assert one == same and other != one
-    tags = {code_interpreter.recipe(inputs_hash="a" * 64, package_hash=h).tag
-            for h in ("b" * 64, "c" * 64)}
+    tags = {_recipe(package=h).tag for h in ("b" * 64, "c" * 64)}
     assert len(tags) == 2
+    # Other debs (another version of one) name another recipe too.
+    assert _recipe(r="d" * 64).tag != _recipe().tag
 
 
 def test_the_inputs_context_is_reproducible(tmp_path: Path) -> None:
@@ -66,6 +75,21 @@ def test_the_inputs_context_is_reproducible(tmp_path: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(outs[0])) as tar:
         assert tar.getnames() == ["wheels/a-1-py3-none-any.whl", "wheels/b-1-py3-none-any.whl",
                                   "deno.tgz"]
+
+
+def test_the_debs_context_is_reproducible(tmp_path: Path) -> None:
+    debs = [tmp_path / "r-base-core_4.2.2_amd64.deb", tmp_path / "libz_1%3a1.0_amd64.deb"]
+    for deb in debs:
+        deb.write_bytes(deb.name.encode())
+    outs = []
+    for order in (debs, debs[::-1]):
+        out = io.BytesIO()
+        code_interpreter.write_debs_tar(order, out)
+        outs.append(out.getvalue())
+    assert outs[0] == outs[1]
+    with tarfile.open(fileobj=io.BytesIO(outs[0])) as tar:
+        assert tar.getnames() == ["debs/libz_1%3a1.0_amd64.deb", "debs/r-base-core_4.2.2_amd64.deb"]
+        assert {m.mtime for m in tar.getmembers()} == {0}
 
 
 def test_the_lock_holds_every_package_the_template_offers() -> None:

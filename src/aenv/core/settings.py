@@ -131,8 +131,9 @@ class Settings(BaseSettings):
     code_interpreter: bool = True
     """Build the built-in ``code-interpreter-v1`` template (what E2B's ``e2b-code-interpreter``
     SDKs create) in the background at start when it is missing or its recipe changed
-    (docs/interpreter.md): a few minutes once, downloading ~150 MB from PyPI and npm; cached
-    afterwards. Off: that template is only there if built some other way."""
+    (docs/interpreter.md): a few minutes once, downloading ~150 MB from PyPI and npm and ~60 MB
+    of R's packages from the base template's Debian mirror; cached afterwards. Off: that
+    template is only there if built some other way."""
 
     auto_pause_default: bool = True
     """What a sandbox does at the end of its lifetime when the create request does not say

@@ -97,7 +97,9 @@ def _r_string(value: str) -> str:
 def _r_set(env: dict[str, str]) -> str:
     names = ", ".join(_r_string(k) for k in env)
     sets = ", ".join(f"{k} = {_r_string(v)}" for k, v in env.items())
-    return (f".aenv_saved_env <- Sys.getenv(c({names}), unset = NA)\n"
+    # names = TRUE: by default a single variable comes back unnamed, and the restore loops
+    # over the names.
+    return (f".aenv_saved_env <- Sys.getenv(c({names}), unset = NA, names = TRUE)\n"
             f"Sys.setenv({sets})")
 
 

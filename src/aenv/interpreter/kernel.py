@@ -199,7 +199,8 @@ class Kernel:
                 await self._restart_locked()
                 return
             # Once abandoned, look often: the interrupted cell (or a kernel that died of the
-            # interrupt, as Deno's does) should free the context at once.
+            # interrupt: one whose kernelspec asks for SIGINT and has no handler) should free
+            # the context at once.
             poll = ABANDONED_POLL_S if execution.abandoned else POLL_S
             try:
                 msg = await self.client.get_iopub_msg(timeout=poll)

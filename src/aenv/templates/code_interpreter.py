@@ -12,12 +12,18 @@ steps the E2B SDK's ``Template`` builder sends), on top of the ``base`` template
 2. Deno's binary from npm (its version pinned, its tarball checked by the node against the
    registry's integrity hash), whose Jupyter kernel runs JavaScript and TypeScript;
    ``bash_kernel`` runs bash;
-3. the interpreter server (``aenv.interpreter``, this checkout's copy), started as the
+3. R with IRkernel, from Debian's own packages (``R_PACKAGES`` and what they need that the
+   ``base`` template lacks): the node resolves and downloads the ``.deb`` files against the
+   base's package database and sources, apt checking each against the archive's signed
+   indexes; the build only runs ``dpkg``;
+4. the interpreter server (``aenv.interpreter``, this checkout's copy), started as the
    template's start command and checked ready by its ``/health``.
 
-Two uploaded contexts (``inputs``: the wheels and the Deno tarball; ``package``: the server),
-so a change of the server alone rebuilds only its layer. ``Recipe.tag`` names everything: a
-node builds the template again only when it changed.
+Three uploaded contexts, lowest first (``r``: the debs; ``inputs``: the wheels and the Deno
+tarball; ``package``: the server), so a change of the server alone rebuilds only its layer and
+one of the wheels leaves R's layer as it was. ``Recipe.tag`` names everything (the debs by
+the hash of their bytes, so their exact versions): a node builds the template again only when
+it changed.
 """
 
 from __future__ import annotations
@@ -79,15 +85,25 @@ DENO_TARBALL = (f"https://registry.npmjs.org/@deno/linux-x64-glibc/-/"
 DENO_INTEGRITY = ("sha512-3md4TKLCuzsLDmfOoC5KN7NAZaxSVkMgm64vg6foD00JBADCpYS2/5QqXfzgnP5ZQz3i"
                   "LP9vBQJtEgc116OAoQ==")
 
+#: R and its Jupyter kernel from the base's Debian suite (bookworm: R 4.2.2, IRkernel 1.3.2):
+#: ``r-base-core``, not ``r-base``: neither the recommended packages (MASS, Matrix, lattice...)
+#: nor the compilers ``r-base-dev`` brings; a template built from this one adds them.
+R_PACKAGES: tuple[str, ...] = ("r-base-core", "r-cran-irkernel")
+
 #: Where the server's package lands in the sandbox (``PYTHONPATH`` of the start command).
 SERVER_ROOT = "/opt/aenv-interpreter"
 KERNELS = "/usr/local/share/jupyter/kernels"
 #: Where the inputs context lands for the install step (which removes it; not /tmp, which a
 #: sandbox mounts afresh).
 INPUTS = "/opt/aenv-interpreter-inputs"
+#: Where the R context lands for its install step (which removes it).
+R_INPUTS = "/opt/aenv-interpreter-r"
 
+#: ``interrupt_mode: message``: an interrupt is a Jupyter message, on which Deno ends the
+#: running script and keeps the kernel's state; the default SIGINT kills Deno's kernel.
 _DENO_KERNEL = ('{"argv": ["/usr/local/bin/deno", "jupyter", "--kernel", "--conn", '
-                '"{connection_file}"], "display_name": "Deno", "language": "typescript"}')
+                '"{connection_file}"], "display_name": "Deno", "language": "typescript", '
+                '"interrupt_mode": "message"}')
 
 _INSTALL = "\n".join([
     "set -e",
@@ -101,6 +117,24 @@ _INSTALL = "\n".join([
     f"printf '%s\\n' '{_DENO_KERNEL}' > {KERNELS}/deno/kernel.json",
     "cd /",
     f"rm -rf {INPUTS}",
+])
+
+# dpkg, not apt: the node already resolved the closure, and apt would want package lists the
+# sandbox has none of. unsafe-io: the layer is committed only after the step, and a step that
+# dies is thrown away. dpkg's ~1,000 lines go to the log only when it fails: streamed into
+# the build log they cost seconds. The kernelspec comes with r-cran-irkernel
+# (/usr/share/jupyter/kernels/ir); loading IRkernel checks its native libraries before the
+# layer is kept.
+_INSTALL_R = "\n".join([
+    "set -e",
+    f"cd {R_INPUTS}",
+    "if ! DEBIAN_FRONTEND=noninteractive dpkg --install --force-unsafe-io debs/*.deb "
+    "> dpkg.log 2>&1; then tail -n 50 dpkg.log; exit 1; fi",
+    f"dpkg-query --show {' '.join(R_PACKAGES)}",
+    "test -f /usr/share/jupyter/kernels/ir/kernel.json",
+    "R --slave -e 'suppressPackageStartupMessages(library(IRkernel))'",
+    "cd /",
+    f"rm -rf {R_INPUTS} /var/log/dpkg.log /var/cache/debconf/*-old /var/lib/dpkg/*-old",
 ])
 
 START_CMD = (f"PYTHONPATH={SERVER_ROOT} python3 -m aenv.interpreter --host 0.0.0.0 "
@@ -158,6 +192,14 @@ def package_tar(package: Path) -> bytes:
     return buffer.getvalue()
 
 
+def write_debs_tar(debs: Sequence[Path], out: BinaryIO) -> None:
+    """``debs/*.deb`` (sorted by name) into ``out``. Blocking."""
+    tar = _Tar(out)
+    for deb in sorted(debs, key=lambda p: p.name):
+        tar.add(f"debs/{deb.name}", deb)
+    tar.close()
+
+
 def write_inputs_tar(wheels: Sequence[Path], deno_tgz: Path, out: BinaryIO) -> None:
     """``wheels/*.whl`` (sorted by name) and ``deno.tgz`` into ``out``. Blocking."""
     tar = _Tar(out)
@@ -167,10 +209,15 @@ def write_inputs_tar(wheels: Sequence[Path], deno_tgz: Path, out: BinaryIO) -> N
     tar.close()
 
 
-def recipe(*, inputs_hash: str, package_hash: str) -> Recipe:
-    """The build's steps over the uploaded contexts ``inputs_hash`` and ``package_hash``."""
+def recipe(*, r_hash: str, inputs_hash: str, package_hash: str) -> Recipe:
+    """The build's steps over the uploaded contexts ``r_hash``, ``inputs_hash`` and
+    ``package_hash``."""
     steps: list[dict[str, Any]] = [
         {"type": "USER", "args": ["root"]},
+        # R first: it changes least often (a new base, another R_PACKAGES), so new wheels or
+        # a new server never reinstall it.
+        {"type": "COPY", "args": [".", R_INPUTS, "root", ""], "filesHash": r_hash},
+        {"type": "RUN", "args": [_INSTALL_R]},
         {"type": "COPY", "args": [".", INPUTS, "root", ""], "filesHash": inputs_hash},
         {"type": "RUN", "args": [_INSTALL]},
         {"type": "COPY", "args": ["aenv", f"{SERVER_ROOT}/aenv", "root", ""],

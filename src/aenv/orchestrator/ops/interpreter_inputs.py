@@ -1,8 +1,9 @@
 """What the code-interpreter template is built from, fetched by the node: the locked wheels
 (``pip download`` with the node's own pip configuration, so its index, mirror, proxy and CA
-apply) and Deno's tarball (checked against the npm registry's integrity hash), kept under
-``<home>/cache/code-interpreter`` so a rebuild downloads nothing; then the two build
-contexts (``templates/code_interpreter.py``) stored as a build's uploads.
+apply), Deno's tarball (checked against the npm registry's integrity hash) and R's Debian
+packages (``interpreter_debs.py``), kept under ``<home>/cache/code-interpreter`` so a
+rebuild downloads nothing; then the three build contexts (``templates/code_interpreter.py``)
+stored as a build's uploads.
 
 Why on the node and not in the build sandbox: the sandbox's network is not the node's (a
 proxy that re-signs TLS, an index only the node is configured for) and a build that needs no
@@ -18,16 +19,17 @@ import re
 import ssl
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import httpx
 
 from aenv.core import proc
 from aenv.core.errors import FailedPrecondition
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.ops import interpreter_debs
 from aenv.orchestrator.ops.template_files import receive_files
 from aenv.templates import code_interpreter as ci
 
@@ -35,9 +37,13 @@ from aenv.templates import code_interpreter as ci
 DOWNLOAD_TIMEOUT_S = 900.0
 CHUNK = 1 << 20
 
+T = TypeVar("T")
+U = TypeVar("U")
+
 
 @dataclass(frozen=True)
 class Contexts:
+    r_hash: str
     inputs_hash: str
     package_hash: str
 
@@ -112,35 +118,68 @@ def _integrity(path: Path) -> str:
 
 
 async def upload_contexts(node: Node) -> Contexts:
-    """Fetch what is missing, then store both contexts as build uploads; their hashes."""
+    """Fetch what is missing, then store the contexts as build uploads; their hashes."""
     cache = cache_dir(node)
     cache.mkdir(parents=True, exist_ok=True)
     package = await asyncio.to_thread(ci.package_tar, ci.server_package())
     package_hash = hashlib.sha256(package).hexdigest()
     await receive_files(node, package_hash, _bytes(package))
-    # The inputs context is ~115 MB: made (and its Deno tarball re-checked) once per lock,
-    # not at every start; the marker names the upload it made.
+    base = await interpreter_debs.base_system(node)
+    r_key = await asyncio.to_thread(base.key)
+    # Each big context (~50 MB of debs, ~115 MB of wheels and Deno) is made (and Deno's
+    # tarball re-checked) once per key, not at every start; its marker names the upload.
     lock_key = hashlib.sha256(repr((ci.PIP_LOCK, ci.DENO_INTEGRITY)).encode()).hexdigest()
-    marker = cache / f"inputs-{lock_key[:16]}.sha256"
+
+    async def inputs() -> tuple[list[Path], Path]:
+        return await _all(wheels(cache), deno(cache))
+
+    r_hash, inputs_hash = await _all(
+        _context(node, cache / f"r-{r_key[:16]}.sha256",
+                 lambda: interpreter_debs.debs(cache, base, r_key), ci.write_debs_tar),
+        _context(node, cache / f"inputs-{lock_key[:16]}.sha256", inputs,
+                 lambda fetched, out: ci.write_inputs_tar(*fetched, out)))
+    return Contexts(r_hash=r_hash, inputs_hash=inputs_hash, package_hash=package_hash)
+
+
+async def _context(node: Node, marker: Path, fetch: Callable[[], Awaitable[T]],
+                   write: Callable[[T, BinaryIO], None]) -> str:
+    """The upload ``marker`` names if it is still there; else ``write(await fetch())``
+    uploaded, and named by ``marker``."""
     known = marker.read_text().strip() if marker.is_file() else ""
     if known and (node.builder.files_dir / known).is_file():
-        return Contexts(inputs_hash=known, package_hash=package_hash)
-    locked, tgz = await asyncio.gather(wheels(cache), deno(cache))
-    with tempfile.TemporaryFile(dir=cache) as out:
-        inputs_hash = await asyncio.to_thread(_write_inputs, locked, tgz, out)
-        await receive_files(node, inputs_hash, _file(out))
-    marker.write_text(inputs_hash)
-    return Contexts(inputs_hash=inputs_hash, package_hash=package_hash)
+        return known
+    fetched = await fetch()
+    with tempfile.TemporaryFile(dir=marker.parent) as out:
+        digest = await asyncio.to_thread(_write_hashed, write, fetched, out)
+        await receive_files(node, digest, _file(out))
+    marker.write_text(digest)
+    return digest
 
 
-def _write_inputs(locked: list[Path], tgz: Path, out: BinaryIO) -> str:
-    ci.write_inputs_tar(locked, tgz, out)
+def _write_hashed(write: Callable[[T, BinaryIO], None], fetched: T, out: BinaryIO) -> str:
+    write(fetched, out)
     out.seek(0)
     digest = hashlib.sha256()
     while chunk := out.read(CHUNK):
         digest.update(chunk)
     out.seek(0)
     return digest.hexdigest()
+
+
+async def _all(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
+    """Both, side by side; the first failure cancels the other (``gather`` would leave it
+    running, and the retry would meet its apt or pip still writing the cache)."""
+    one, two = asyncio.ensure_future(first), asyncio.ensure_future(second)
+    try:
+        await asyncio.wait((one, two), return_when=asyncio.FIRST_EXCEPTION)
+        for task in (one, two):
+            if task.done() and (exc := task.exception()) is not None:
+                raise exc
+        return one.result(), two.result()
+    finally:
+        for task in (one, two):
+            task.cancel()
+        await asyncio.gather(one, two, return_exceptions=True)
 
 
 async def _bytes(data: bytes) -> AsyncIterator[bytes]:

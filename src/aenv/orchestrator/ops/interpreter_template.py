@@ -66,7 +66,7 @@ async def provide(node: Node) -> BuildRecord:
     or started.
     """
     contexts = await upload_contexts(node)
-    recipe = code_interpreter.recipe(inputs_hash=contexts.inputs_hash,
+    recipe = code_interpreter.recipe(r_hash=contexts.r_hash, inputs_hash=contexts.inputs_hash,
                                      package_hash=contexts.package_hash)
     store, builder = building(node)
     build = await current(node, recipe)
