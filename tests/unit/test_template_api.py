@@ -8,6 +8,7 @@ the operations, and the one timeout check (``core/timeouts.py``)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,9 @@ from aenv.core.errors import InvalidArgument, NotEnoughSpace
 from aenv.core.settings import Settings
 from aenv.core.timeouts import check_timeout, timeout_or_default
 from aenv.orchestrator.activity import Activity
+from aenv.orchestrator.audit import AuditTrail
 from aenv.orchestrator.ops import template_files
+from aenv.store.audit import AuditStore
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
 
@@ -76,7 +79,8 @@ async def node(tmp_path: Path) -> AsyncIterator[Any]:
     yield SimpleNamespace(
         settings=settings, template_store=TemplateStore(store.db),
         builder=RecordingBuilder(tmp_path / "build" / "files"), repository=Repo(),
-        images=None, activity=Activity(), build_dir=tmp_path / "build")
+        images=None, activity=Activity(), build_dir=tmp_path / "build",
+        audit=AuditTrail(AuditStore(store.db), keep=1000), clock=time.time)
     await store.close()
 
 
@@ -105,6 +109,10 @@ async def test_request_upload_start_status(api: httpx.AsyncClient, node: Any) ->
     asked = await _requested(api, "app:v1")
     assert asked["names"] == ["app"] and asked["tags"] == ["v1"]
     template_id, build_id = asked["templateID"], asked["buildID"]
+    # Audited as answered: the request named by the template it made (docs/audit.md).
+    [entry] = await node.audit.query(limit=10)
+    assert (entry.action, entry.object_id, entry.status) == ("POST /v3/templates",
+                                                             template_id, 202)
     assert node.builder.requested_tags[build_id] == ["v1"]
 
     link = (await api.get(f"/templates/{template_id}/files/{HASH}")).json()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv.api import node_status, templates, volumes
+from aenv.api import audit, node_status, templates, volumes
 from aenv.api.routes import public, router
 from aenv.core.states import SandboxState
 from aenv.edge import errors
@@ -30,6 +30,10 @@ def build_api(node: Node, api_key: str) -> FastAPI:
     api.include_router(node_status.router)
     api.include_router(volumes.volumes)
     api.include_router(volumes.volume_content)
+    api.include_router(audit.router)
+    # Outside the routes (it reads the matched route afterwards), inside the error handlers'
+    # responses (it records the status they answered).
+    api.add_middleware(audit.AuditMiddleware)
     return api
 
 

@@ -9,6 +9,7 @@ A client: it talks HTTP to a node and imports nothing of the node's own packages
 import-linter contract in ``pyproject.toml``).
 """
 
+from aenv.client.audit import AuditRecord
 from aenv.client.backoff import Backoff
 from aenv.client.client import AsyncClient, Forked, SandboxInfo, SnapshotInfo
 from aenv.client.config import ClientConfig, Credentials, load_credentials, save_credentials
@@ -35,6 +36,7 @@ from aenv.client.volumes import VolumeEntry, VolumeInfo, Volumes
 __all__ = [
     "RUN_LABEL",
     "AsyncClient",
+    "AuditRecord",
     "Backoff",
     "CapacityError",
     "ClientConfig",

@@ -33,7 +33,8 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
-from aenv.client import runs
+from aenv.client import audit, runs
+from aenv.client.audit import AuditRecord
 from aenv.client.backoff import Backoff
 from aenv.client.config import ClientConfig, resolve
 from aenv.client.errors import (
@@ -152,6 +153,13 @@ class AsyncClient:
     def volumes(self) -> Volumes:
         """The node's volumes and their files (docs/volumes.md)."""
         return Volumes(self._api)
+
+    async def audit(self, *, limit: int = 100, object_id: str | None = None,
+                    actor: str | None = None, before: int | None = None
+                    ) -> builtins.list[AuditRecord]:
+        """The node's audit log, newest first (docs/audit.md)."""
+        return await audit.read(self._api, limit=limit, object_id=object_id, actor=actor,
+                                before=before)
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -29,6 +29,7 @@ from aenv.core.settings import Settings
 from aenv.network.guest_http import GuestConnector
 from aenv.network.pool import NetConfig, SlotPool
 from aenv.orchestrator.admission import Admission
+from aenv.orchestrator.audit import AuditTrail
 from aenv.orchestrator.builder import Builder
 from aenv.orchestrator.catalog import TemplateCatalog
 from aenv.orchestrator.context import Node
@@ -56,6 +57,7 @@ from aenv.storage.layers import LayerStore
 from aenv.storage.rootfs import RootfsStore
 from aenv.storage.volume_catalog import VolumeCatalog
 from aenv.storage.volume_images import VolumeImages
+from aenv.store.audit import AuditStore
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
 
@@ -132,6 +134,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         host_requirements=catalog.host, workspaces=workspaces,
         volumes=Volumes(settings, VolumeCatalog(repository.store), VolumeImages(settings.home),
                         node_id(settings)),
+        audit=AuditTrail(AuditStore(store.db), settings.audit_max_entries),
         supervisor=Supervisor(),
         admission=Admission(max_starts=settings.max_concurrent_starts,
                             max_waiting=settings.max_queued_starts,
@@ -174,6 +177,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
     node.volumes.images.clean_staging()
     await node.volumes.recover(node.store)
     _closing(stack, "the volumes", node.volumes.release_all)
+    _closing(stack, "the audit trail", node.audit.flush)
     if published := await publish_pending(node):
         log.info("published %d paused sandboxes to the repository", published)
     if failed := await node.builder.recover():
@@ -183,6 +187,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         "ttl": partial(run_ttl_loop, node), "idle": partial(run_idle_loop, node),
         "liveness": partial(run_liveness_loop, node), "reaper": reaper.sweep,
         "volume-release": node.volumes.run_release_loop,
+        "audit": node.audit.run_flush_loop,
     }
     if settings.gc_interval_s:
         loops["gc"] = partial(run_gc_loop, node)

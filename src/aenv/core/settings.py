@@ -163,6 +163,10 @@ class Settings(BaseSettings):
     """How long a volume token (``POST /volumes``, ``GET /volumes/{id}``) lets the content API
     be used; the SDKs keep the token of a ``Volume`` object and never refresh it."""
 
+    audit_max_entries: int = Field(default=100_000, ge=100)
+    """The audit log (``GET /audit``, ``aenv audit``, docs/audit.md) keeps this many entries,
+    the newest; older ones are dropped as new ones are written."""
+
     max_concurrent_spills: int = Field(default=2, ge=1)
     """At most this many frozen sandboxes are written to disk at once; the rest wait their
     turn without holding their sandbox, so a resume of one of them never waits behind a

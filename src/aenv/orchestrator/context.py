@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from aenv.core.settings import Settings
 from aenv.orchestrator.activity import Activity
 from aenv.orchestrator.admission import Admission
+from aenv.orchestrator.audit import AuditTrail
 from aenv.orchestrator.deps import (
     GuestConnector,
     RootfsManager,
@@ -125,6 +126,8 @@ class Node:
     #: memory workspace mode.
     workspaces: WorkspaceStore | None
     volumes: Volumes
+    #: Who did what to which object (``audit.py``).
+    audit: AuditTrail
     #: Owns every background loop (``supervisor.py``).
     supervisor: Supervisor = field(default_factory=Supervisor)
     streams: StreamRegistry = field(default_factory=StreamRegistry)

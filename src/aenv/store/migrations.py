@@ -101,4 +101,17 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE sandboxes ADD COLUMN volume_mounts TEXT;
     """,
+    # 6: the audit log: who did what to which object, when, from where, with what outcome
+    """
+    CREATE TABLE audit (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        object_id TEXT,
+        client TEXT,
+        status INTEGER NOT NULL
+    );
+    CREATE INDEX audit_object ON audit (object_id, seq);
+    """,
 ]

@@ -93,3 +93,27 @@ def from_row(row: dict[str, Any]) -> SandboxRecord:
     if broken:
         values["last_error"] = f"{UNREADABLE} " + ", ".join(broken)
     return SandboxRecord(**values)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One audited request (``orchestrator/audit.py``)."""
+
+    at: float
+    #: Who: the key that asked (``key:<id>``, a hash, never the key), or ``anonymous``.
+    actor: str
+    #: What: the method and the route's template, e.g. ``POST /sandboxes/{sandbox_id}/pause``.
+    action: str
+    #: Which object: the route's id (a sandbox, template, snapshot, volume or build), if any.
+    object_id: str | None
+    #: From where: the client's address as the node saw it.
+    client: str | None
+    #: The outcome: the HTTP status answered (0: the connection ended before an answer).
+    status: int
+    #: Its place in the log (assigned when written; 0 before).
+    seq: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "at": self.at, "actor": self.actor, "action": self.action,
+                "objectID": self.object_id, "client": self.client, "status": self.status}
+
