@@ -15,6 +15,7 @@ from aenv.api.schemas import (
 from aenv.core.settings import Settings
 from aenv.core.states import SandboxState
 from aenv.envd import ENVD_VERSION
+from aenv.orchestrator import traffic
 from aenv.orchestrator.liveness import Verdict
 from aenv.store.models import SandboxRecord
 
@@ -33,7 +34,7 @@ def sandbox_out(record: SandboxRecord, settings: Settings) -> SandboxOut:
         clientID=record.client_id,
         envdVersion=ENVD_VERSION,
         envdAccessToken=record.envd_token,
-        trafficAccessToken=None,
+        trafficAccessToken=traffic.token_for_client(record),
         domain=settings.sandbox_domain,
         alias=record.alias,
     )

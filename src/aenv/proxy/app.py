@@ -11,12 +11,14 @@ from starlette.types import Receive, Scope, Send
 from aenv.core.errors import AenvError
 from aenv.core.ids import is_sandbox_id
 from aenv.core.states import SandboxState
+from aenv.orchestrator import traffic
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.instance_codec import decode
 from aenv.orchestrator.ops.resume import resume
 from aenv.orchestrator.ops.settle import settled
 from aenv.proxy import errors, forward, unresponsive, websocket
 from aenv.proxy.routing import Target
+from aenv.runtime.base import ENVD_PORT
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.proxy")
@@ -61,6 +63,14 @@ class Proxy:
             # The sandbox runs on once its memory is saved (or restored): wait, do not 502.
             with contextlib.suppress(AenvError):
                 record = await settled(self.node, record.sandbox_id)
+        if (record is not None and target.port != ENVD_PORT
+                and not traffic.admits(record, _header(scope, traffic.HEADER))):
+            # Before any auto-resume: a request without the token wakes nothing.
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            else:
+                await errors.traffic_token_refused(record.sandbox_id)(scope, receive, send)
+            return
         if (record is not None and record.auto_resume
                 and record.state in (SandboxState.PAUSED, SandboxState.PAUSING)):
             record = await self._auto_resume(record.sandbox_id)
@@ -88,6 +98,8 @@ class Proxy:
                 await websocket.relay(scope, receive, send, sock=sock, host=slot.guest_ip,
                                       port=target.port)
                 return
+            if (host := traffic.masked_host(record, target.port)) is not None:
+                scope = _with_host(scope, host)
             await forward.forward(
                 scope, receive, send, guests=self.node.guests, slot=slot,
                 sandbox_id=record.sandbox_id, port=target.port,
@@ -109,3 +121,18 @@ class Proxy:
         finally:
             self.node.streams.discard(record.sandbox_id, task)
             self.node.activity.touch(record.sandbox_id)
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    key = name.encode()
+    for k, v in scope.get("headers") or ():
+        if k.lower() == key:
+            return str(v.decode("latin-1"))
+    return None
+
+
+def _with_host(scope: Scope, host: str) -> Scope:
+    """``scope`` with its ``Host`` replaced (``maskRequestHost``)."""
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"host"]
+    return {**scope, "headers": [(b"host", host.encode("latin-1")), *headers]}
+

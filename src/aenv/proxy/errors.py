@@ -43,5 +43,16 @@ def upstream_broken(sandbox_id: str, port: int, *, close: bool) -> JSONResponse:
     )
 
 
+def traffic_token_refused(sandbox_id: str) -> JSONResponse:
+    """A sandbox made with ``allowPublicTraffic: false``, asked without its traffic access
+    token (or with another): 403, as E2B's proxy answers."""
+    return JSONResponse(
+        {"sandboxId": sandbox_id, "code": 403,
+         "message": "this sandbox's ports need its traffic access token in the "
+                    "e2b-traffic-access-token header"},
+        status_code=403,
+    )
+
+
 def bad_target(message: str) -> JSONResponse:
     return JSONResponse({"message": message, "code": 400}, status_code=400)

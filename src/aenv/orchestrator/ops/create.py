@@ -21,6 +21,7 @@ from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.core.states import SandboxState
 from aenv.envd.volume_binds import slot_count
+from aenv.orchestrator import traffic
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.egress import policy_from
@@ -107,6 +108,7 @@ async def create_from(node: Node, template: Template, params: CreateParams, *,
     """Create a sandbox of an already resolved ``template`` (a fork child's template is the
     parent's memory image). Contract: as the module's."""
     policy = policy_from(params.allow_internet_access, params.network)
+    traffic.check(params.network)
     if template.volume_mounts and not (params.volume_mounts or params.inherited_volumes):
         # A snapshot of a sandbox with volumes: its image has them mounted, so its sandboxes
         # mount them again, read-only as a fork's children do (its source may still write).

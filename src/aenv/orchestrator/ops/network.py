@@ -12,6 +12,7 @@ from typing import Any
 
 from aenv.core.errors import Conflict
 from aenv.core.states import SandboxState
+from aenv.orchestrator import traffic
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_from
 from aenv.orchestrator.instance_codec import decode
@@ -32,6 +33,6 @@ async def update_network(
             raise Conflict(f"sandbox {sandbox_id} has no network to update")
         await node.pool.set_egress(slot, policy)
         await node.store.update(record, allow_internet_access=allow_internet_access,
-                                network=network)
+                                network=traffic.keep_inbound(record.network, network))
 
     await node.owners.run(sandbox_id, "network", owned)
