@@ -48,6 +48,7 @@ def connect(url: str) -> Redis:
     for host in hosts.split(","):
         name, _, port = host.rpartition(":")
         sentinels.append((name, int(port)) if name else (host, 26379))
-    sentinel = Sentinel(sentinels, socket_timeout=TIMEOUT_S)  # type: ignore[no-untyped-call]
+    # redis < 8.2 leaves Sentinel untyped, 8.2 types it: either is fine.
+    sentinel = Sentinel(sentinels, socket_timeout=TIMEOUT_S)  # type: ignore[no-untyped-call, unused-ignore]
     client: Redis = sentinel.master_for(master, db=db, password=password, **_options())
     return client
