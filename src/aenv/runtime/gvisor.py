@@ -426,22 +426,13 @@ class GvisorRuntime:
         log.info("%s sandbox %s (pid %s) in slot %d", done, sid, pid, net.index)
         return Instance(sandbox_id=sid, runtime_id=sid, pid=pid, net=net)
 
-
     def _prepare_bundle(self, spec: SandboxSpec, net: NetSlot, slot_filler: Path) -> None:
         bundle = self.bundle_dir(spec.sandbox_id)
-        bundle.mkdir(parents=True)
-        etc = oci.write_etc(bundle / "etc", oci.etc_files(spec, net, self.config.dns_servers))
-        config = oci.sandbox_config(
-            spec,
-            net,
-            cgroups_path=f"{self.config.cgroup_parent.rstrip('/')}/{spec.sandbox_id}",
-            etc_mounts=etc,
-            limits=self.config.limits,
-            net_raw=self.config.net_raw,
-            tmp_in_memory=self.config.tmp_in_memory,
-            slot_filler=slot_filler,
-        )
-        oci.write_config(bundle, config)
+        c = self.config
+        oci.write_bundle(bundle, spec, net, dns_servers=c.dns_servers, limits=c.limits,
+                         cgroups_path=f"{c.cgroup_parent.rstrip('/')}/{spec.sandbox_id}",
+                         net_raw=c.net_raw, tmp_in_memory=c.tmp_in_memory,
+                         slot_filler=slot_filler)
         (bundle / "container-id").write_text(spec.sandbox_id)
 
     async def _clear_leftover(self, sid: str) -> None:

@@ -336,3 +336,15 @@ def volume_mounts(spec: SandboxSpec, slot_filler: Path | None) -> list[dict[str,
     sources = [v.source for v in spec.volumes] + [slot_filler] * (slots - len(spec.volumes))
     return [{"destination": volume_binds.slot_path(k), "type": "bind", "source": str(source),
              "options": ["rbind", "rw"]} for k, source in enumerate(sources)]
+
+
+def write_bundle(bundle: Path, spec: SandboxSpec, net: NetSlot, *,
+                 dns_servers: tuple[str, ...], cgroups_path: str, limits: Limits,
+                 net_raw: bool, tmp_in_memory: bool, slot_filler: Path | None) -> None:
+    """A new OCI bundle directory for ``spec``: its ``/etc`` files and ``config.json``."""
+    bundle.mkdir(parents=True)
+    etc = write_etc(bundle / "etc", etc_files(spec, net, dns_servers))
+    write_config(bundle, sandbox_config(
+        spec, net, cgroups_path=cgroups_path, etc_mounts=etc, limits=limits, net_raw=net_raw,
+        tmp_in_memory=tmp_in_memory, slot_filler=slot_filler))
+
