@@ -20,6 +20,7 @@ checkpoint); nothing else. Must never run on a host: only the sandbox's envd cal
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import posixpath
 from dataclasses import dataclass, field
@@ -48,8 +49,10 @@ def slot_path(index: int) -> str:
     return f"{SLOTS_DIR}/{index}"
 
 
+@functools.lru_cache(maxsize=64)
 def slot_count(envd_bundle: Path) -> int:
-    """How many slots sandboxes of ``envd_bundle`` have (0: an older bundle). Host side."""
+    """How many slots sandboxes of ``envd_bundle`` have (0: an older bundle). Host side;
+    read once per bundle (the node's bundles are immutable copies)."""
     try:
         return int((envd_bundle / MARKER).read_text().strip())
     except (OSError, ValueError):

@@ -92,7 +92,7 @@ def slot_binds(envd_bundle: Path, mounted: Sequence[Mounted]) -> list[dict[str, 
     """envd's ``/init`` ``volumeMounts``: the k-th volume is in slot k (``Volumes.binds``
     keeps the order; ``envd/volume_binds.py``). None for a bundle without slots (its
     sandboxes have their volumes bound at their paths by the runtime)."""
-    if not slot_count(envd_bundle):
+    if not mounted or not slot_count(envd_bundle):
         return []
     return [{"slot": k, "path": m.path, "readOnly": m.read_only}
             for k, m in enumerate(mounted)]
