@@ -25,9 +25,11 @@ from aenv.core.timeouts import check_timeout, timeout_or_default
 from aenv.orchestrator.activity import Activity
 from aenv.orchestrator.audit import AuditTrail
 from aenv.orchestrator.ops import template_files
+from aenv.orchestrator.tenancy import Tenancy
 from aenv.store.audit import AuditStore
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
+from aenv.store.tenancy import TenancyStore
 
 pytestmark = pytest.mark.anyio
 
@@ -61,6 +63,9 @@ class Repo:
     def get(self, snapshot_id: str) -> Any:
         return self.snapshots.get(snapshot_id)
 
+    def find(self, name_or_id: str) -> Any:
+        return self.snapshots.get(name_or_id)
+
     async def lookup(self, name_or_id: str) -> Any:
         return self.snapshots.get(name_or_id)
 
@@ -69,14 +74,17 @@ class Repo:
 
 
 def _snapshot(snapshot_id: str, kind: str) -> Any:
-    return SimpleNamespace(snapshot_id=snapshot_id, manifest=SimpleNamespace(kind=kind))
+    return SimpleNamespace(snapshot_id=snapshot_id, manifest=SimpleNamespace(kind=kind, team_id=None))
 
 
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[Any]:
     store = await Store.open(tmp_path / "state.db")
     settings = Settings(home=tmp_path, max_upload_bytes=1000, max_timeout_s=3600)
+    tenancy = Tenancy(TenancyStore(store.db))
+    await tenancy.start(KEY)
     yield SimpleNamespace(
+        tenancy=tenancy, store=store,
         settings=settings, template_store=TemplateStore(store.db),
         builder=RecordingBuilder(tmp_path / "build" / "files"), repository=Repo(),
         images=None, activity=Activity(), build_dir=tmp_path / "build",

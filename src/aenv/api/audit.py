@@ -17,19 +17,21 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aenv.api.auth import require_api_key
+from aenv.api.auth import CallerDep, require_api_key
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.tenancy import Caller
 from aenv.store.models import AuditEntry
 
 #: Methods that may change something; reads are not audited (they would drown the log).
 AUDITED = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: The path parameters that name an object, most specific first.
 _OBJECT_PARAMS = ("sandbox_id", "snapshot_id", "template_id", "alias", "volume_id",
-                  "build_id")
+                  "build_id", "api_key_id", "access_token_id", "team_id")
 #: The statuses of a create's answer (202: a template build accepted).
 _CREATED = (201, 202)
 #: The ids a create's answer names its new object by, most specific first.
-_CREATED_KEYS = ("sandboxID", "snapshotID", "templateID", "volumeID", "buildID")
+_CREATED_KEYS = ("sandboxID", "snapshotID", "templateID", "volumeID", "buildID", "teamID",
+                 "id")
 #: An unmatched path is recorded as sent, cut to this.
 _MAX_PATH = 200
 #: A create's body is read for its object's id up to this (creates answer a few hundred bytes).
@@ -100,10 +102,13 @@ class AuditMiddleware:
         if object_id is None and body:
             object_id = created_object(body)
         client = scope.get("client")
+        # Set by the routes' authentication (api/auth.py) when the key was one of the node's.
+        caller: Caller | None = (scope.get("state") or {}).get("caller")
         node.audit.record(AuditEntry(
             at=node.clock(), actor=actor_of(key.decode("latin-1") if key else None),
             action=action, object_id=object_id, client=client[0] if client else None,
-            status=status))
+            status=status, team_id=caller.team_id if caller else None,
+            key_name=caller.key_name if caller else None))
 
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -112,14 +117,17 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 @router.get("/audit")
 async def read_audit(
     request: Request,
+    caller: CallerDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     before: Annotated[int | None, Query(ge=1, description="entries older than this seq")] = None,
     object_id: Annotated[str | None, Query(alias="object", max_length=200)] = None,
     actor: Annotated[str | None, Query(max_length=100)] = None,
 ) -> dict[str, Any]:
-    """The newest entries first; ``next`` is the ``before`` of the following page."""
+    """The newest entries first; ``next`` is the ``before`` of the following page. A team
+    reads its own entries; the operator key reads every team's."""
     node: Node = request.app.state.node
     entries = await node.audit.query(limit=limit, before=before, object_id=object_id,
-                                     actor=actor)
+                                     actor=actor,
+                                     team_id=None if caller.operator else caller.team_id)
     return {"entries": [e.as_json() for e in entries],
             "next": entries[-1].seq if len(entries) == limit else None}

@@ -1,18 +1,63 @@
-"""API-key authentication: clients send ``X-API-KEY`` (e2b-compat §2.1)."""
+"""Who is calling (e2b-compat §2.1; docs/teams.md): ``X-API-KEY`` (a team's key, or the node's
+operator key), E2B's admin ``X-Admin-Token`` (the operator key) with ``X-Team-ID`` to act for
+a team, or ``Authorization: Bearer`` with a team's access token. The caller is kept on the
+request (``request.state.caller``) for the routes, the ownership checks and the audit log."""
 
 from __future__ import annotations
 
-import hmac
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
-from aenv.core.errors import Unauthenticated
+from aenv.core.errors import PermissionDenied, Unauthenticated
+from aenv.orchestrator.tenancy import Caller, CredentialKind, Tenancy
+
+_KEYS = frozenset({CredentialKind.API_KEY, CredentialKind.OPERATOR})
+_OPERATOR = frozenset({CredentialKind.OPERATOR})
+_TOKENS = frozenset({CredentialKind.ACCESS_TOKEN})
 
 
-def require_api_key(request: Request) -> None:
-    expected: str = request.app.state.api_key
-    presented = request.headers.get("x-api-key")
-    if presented is None:
+def tenancy_of(request: Request) -> Tenancy:
+    tenancy: Tenancy = request.app.state.node.tenancy
+    return tenancy
+
+
+def identify(request: Request) -> Caller:
+    tenancy = tenancy_of(request)
+    headers = request.headers
+    key = headers.get("x-api-key")
+    admin = headers.get("x-admin-token")
+    bearer = headers.get("authorization", "")
+    if key is not None:
+        caller = tenancy.resolve(key, _KEYS)
+    elif admin is not None:
+        caller = tenancy.resolve(admin, _OPERATOR)
+        team = headers.get("x-team-id")
+        if caller is not None and team:
+            caller = Caller(team_id=tenancy.team(team).team_id, key_id=caller.key_id,
+                            key_name=caller.key_name, operator=True)
+    elif bearer.lower().startswith("bearer "):
+        caller = tenancy.resolve(bearer[7:].strip(), _TOKENS)
+    else:
         raise Unauthenticated("missing X-API-KEY header")
-    if not hmac.compare_digest(presented.encode(), expected.encode()):
+    if caller is None:
         raise Unauthenticated("invalid API key")
+    request.state.caller = caller
+    return caller
+
+
+def require_api_key(request: Request) -> Caller:
+    """Any credential of the node's: its team's objects only."""
+    return identify(request)
+
+
+def require_operator(request: Request) -> Caller:
+    """The operator key only: teams and the node itself."""
+    caller = identify(request)
+    if not caller.operator:
+        raise PermissionDenied("this needs the node's operator key")
+    return caller
+
+
+CallerDep = Annotated[Caller, Depends(require_api_key)]
+OperatorDep = Annotated[Caller, Depends(require_operator)]

@@ -7,10 +7,10 @@ from typing import Literal
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from aenv.api.auth import require_api_key
+from aenv.api.auth import require_operator
 from aenv.api.node import NodeDep
 
-router = APIRouter(dependencies=[Depends(require_api_key)])
+router = APIRouter(dependencies=[Depends(require_operator)])
 
 
 class LoopOut(BaseModel):

@@ -10,9 +10,10 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
 from aenv.api import idempotency, listing
-from aenv.api.auth import require_api_key
+from aenv.api.auth import CallerDep, require_operator
 from aenv.api.convert import detail, iso, listed, sandbox_out
 from aenv.api.node import NodeDep, node_of
+from aenv.api.ownership import guard_path, require_template, require_volumes
 from aenv.api.schemas import (
     ConnectBody,
     DrainOut,
@@ -52,6 +53,7 @@ from aenv.orchestrator.ops import pause as pause_op
 from aenv.orchestrator.ops import resume as resume_op
 from aenv.orchestrator.ops import snapshot as snapshot_op
 from aenv.orchestrator.ops import template_catalog as catalog_op
+from aenv.orchestrator.tenancy import Caller, Owned
 from aenv.orchestrator.volumes import MountRequest
 
 
@@ -62,8 +64,11 @@ def _touch(request: Request) -> None:
         node_of(request).activity.touch(sandbox_id)
 
 
-router = APIRouter(dependencies=[Depends(require_api_key), Depends(_touch)])
+# ``guard_path`` first: a call on another team's sandbox is refused before anything of it.
+router = APIRouter(dependencies=[Depends(guard_path), Depends(_touch)])
 public = APIRouter()
+#: The node's own routes: the operator key only.
+_OPERATOR = [Depends(require_operator)]
 
 
 
@@ -80,7 +85,11 @@ async def health() -> PlainTextResponse:
     return PlainTextResponse("Health check successful")
 
 
-async def _create(node: Node, body: NewSandbox) -> SandboxOut:
+async def _create(node: Node, body: NewSandbox, caller: Caller) -> SandboxOut:
+    await require_template(node, caller, body.template_id, manage=False)
+    if body.fork_of is not None:
+        await require_template(node, caller, body.fork_of.template_id, manage=False)
+    await require_volumes(node, caller, (m.name for m in body.volume_mounts or ()))
     timeout = timeout_or_default(node.settings, body.timeout)
     idle.check_metadata(body.metadata)
     check_sandbox_inputs(node.settings, body.metadata, body.env_vars)
@@ -99,25 +108,29 @@ async def _create(node: Node, body: NewSandbox) -> SandboxOut:
         fresh_boot_id=body.fork_of is None,
         volume_mounts=tuple(MountRequest(m.name, m.path, m.read_only)
                             for m in body.volume_mounts or ()),
+        team_id=node.tenancy.stamp(caller),
     )
     record = await create_op.create(node, params)
     return sandbox_out(record, node.settings)
 
 
 @router.post("/v2/sandboxes", status_code=201, response_model=SandboxOut)
-async def create_v2(body: NewSandbox, node: NodeDep, request: Request) -> SandboxOut:
+async def create_v2(body: NewSandbox, node: NodeDep, request: Request,
+                    caller: CallerDep) -> SandboxOut:
     # A repeat with the same Idempotency-Key gets the first create's sandbox (idempotency.py).
-    return await idempotency.once(request, body, lambda: _create(node, body))
+    return await idempotency.once(request, body, lambda: _create(node, body, caller))
 
 
 @router.post("/sandboxes", status_code=201, response_model=SandboxOut)
-async def create_v1(body: NewSandbox, node: NodeDep, request: Request) -> SandboxOut:
-    return await idempotency.once(request, body, lambda: _create(node, body))
+async def create_v1(body: NewSandbox, node: NodeDep, request: Request,
+                    caller: CallerDep) -> SandboxOut:
+    return await idempotency.once(request, body, lambda: _create(node, body, caller))
 
 
 @router.get("/v2/sandboxes", response_model=list[ListedSandbox])
 async def list_v2(
     node: NodeDep,
+    caller: CallerDep,
     response: Response,
     metadata: str | None = None,
     state: Annotated[list[str] | None, Query()] = None,
@@ -138,7 +151,8 @@ async def list_v2(
         cursor=listing.decode_cursor(nextToken),
         limit=listing.parse_limit(limit),
     )
-    records = await node.store.list(_VISIBLE)
+    records = [r for r in await node.store.list(_VISIBLE)
+               if node.tenancy.is_team(caller, r.team_id)]
     page, cursor = listing.apply(records, query)
     if cursor:
         response.headers["X-Next-Token"] = cursor
@@ -153,12 +167,14 @@ _VISIBLE = [SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.PAUSING,
 
 
 @router.get("/sandboxes", response_model=list[ListedSandbox])
-async def list_v1(node: NodeDep, metadata: str | None = None) -> list[ListedSandbox]:
+async def list_v1(node: NodeDep, caller: CallerDep,
+                  metadata: str | None = None) -> list[ListedSandbox]:
     wanted = listing.parse_metadata(metadata)
     records = await node.store.list([SandboxState.RUNNING])
     return [
         listed(r) for r in records
-        if all(r.metadata.get(k) == v for k, v in wanted.items())
+        if node.tenancy.is_team(caller, r.team_id)
+        and all(r.metadata.get(k) == v for k, v in wanted.items())
     ]
 
 
@@ -257,6 +273,7 @@ async def create_snapshot(
 @router.get("/snapshots", response_model=list[SnapshotInfo])
 async def list_snapshots(
     node: NodeDep,
+    caller: CallerDep,
     response: Response,
     sandboxID: str | None = None,
     name: str | None = None,
@@ -264,7 +281,8 @@ async def list_snapshots(
     nextToken: str | None = None,
 ) -> list[SnapshotInfo]:
     await node.repository.refresh()
-    found = node.repository.list(sandbox_id=sandboxID or None, name=name or None)
+    found = [s for s in node.repository.list(sandbox_id=sandboxID or None, name=name or None)
+             if node.tenancy.is_team(caller, s.manifest.team_id)]
     page, cursor = snapshot_page([s.manifest for s in found], limit=listing.parse_limit(limit),
                                  token=nextToken)
     if cursor:
@@ -272,7 +290,7 @@ async def list_snapshots(
     return [snapshot_info(s) for s in page]
 
 
-@router.post("/repository/gc", response_model=GcOut)
+@router.post("/repository/gc", response_model=GcOut, dependencies=_OPERATOR)
 async def repository_gc(node: NodeDep) -> GcOut:
     """aenv's own: collect the repository's garbage now (``orchestrator/gc.py``)."""
     plan = await gc.collect(node)
@@ -283,7 +301,10 @@ async def repository_gc(node: NodeDep) -> GcOut:
 @router.delete("/templates/{template_id:path}", status_code=204)
 async def delete_template(template_id: str, node: NodeDep) -> Response:
     """A built template or a committed snapshot (``ops/template_catalog.py``)."""
+    built = await node.template_store.get_template(template_id)
     await catalog_op.delete_template(node, template_id)
+    if built is not None:
+        await node.tenancy.release(Owned.TEMPLATE, built.template_id)
     return Response(status_code=204)
 
 
@@ -337,7 +358,8 @@ async def sandbox_metrics(
     ]
 
 
-@router.api_route("/node/blobs/{digest}", methods=["GET", "HEAD"], response_model=None)
+@router.api_route("/node/blobs/{digest}", methods=["GET", "HEAD"], response_model=None,
+                  dependencies=_OPERATOR)
 async def node_blob(digest: str, node: NodeDep) -> Response:
     """aenv's own, for peer fetch (``cluster/peer_fetch.py``): a repository blob from this
     node's cache; 404 if it has none (the asking node then goes to the repository)."""
@@ -347,7 +369,7 @@ async def node_blob(digest: str, node: NodeDep) -> Response:
     return FileResponse(path, media_type="application/octet-stream")
 
 
-@router.post("/node/drain", response_model=DrainOut)
+@router.post("/node/drain", response_model=DrainOut, dependencies=_OPERATOR)
 async def drain_node(node: NodeDep) -> DrainOut:
     """aenv's own: stop taking placements and hand every sandbox to the shared repository
     (``orchestrator/ops/drain.py``); the cluster resumes them elsewhere."""

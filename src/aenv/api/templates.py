@@ -18,9 +18,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from aenv.api.auth import require_api_key
+from aenv.api.auth import CallerDep, require_operator
 from aenv.api.convert import iso, sandbox_out
 from aenv.api.node import NodeDep, node_of
+from aenv.api.ownership import guard_path, require_template, sees_template
 from aenv.api.schemas import SandboxOut
 from aenv.api.template_schemas import (
     AssignedTags,
@@ -38,7 +39,7 @@ from aenv.api.template_schemas import (
     TemplateRequestResponseV3,
     TemplateTagOut,
 )
-from aenv.core.errors import PermissionDenied
+from aenv.core.errors import Conflict, PermissionDenied
 from aenv.core.settings import Settings
 from aenv.core.timeouts import timeout_or_default
 from aenv.edge.limits import check_sandbox_inputs
@@ -49,9 +50,10 @@ from aenv.orchestrator.ops import template_catalog as catalog_op
 from aenv.orchestrator.ops import template_files as files_op
 from aenv.orchestrator.ops.cold_start import cold_start
 from aenv.orchestrator.ops.create import CreateParams
+from aenv.orchestrator.tenancy import Owned
 from aenv.templates.e2b_steps import check_files_hash
 
-router = APIRouter(dependencies=[Depends(require_api_key)])
+router = APIRouter(dependencies=[Depends(guard_path)])
 uploads = APIRouter()
 
 UPLOAD_URL_TTL_S = 3600
@@ -63,10 +65,18 @@ def _sign(key: str, template_id: str, files_hash: str, expires: int) -> str:
 
 
 @router.post("/v3/templates", status_code=202, response_model=TemplateRequestResponseV3)
-async def request_build(body: TemplateBuildRequestV3, node: NodeDep) -> TemplateRequestResponseV3:
+async def request_build(body: TemplateBuildRequestV3, node: NodeDep,
+                        caller: CallerDep) -> TemplateRequestResponseV3:
+    existing = await node.template_store.get_template(body.name.partition(":")[0])
+    if existing is not None and not node.tenancy.owns(caller, Owned.TEMPLATE,
+                                                      existing.template_id):
+        # Names are one namespace on a node: another team's (or the node's own) is taken.
+        raise Conflict(f"template name '{existing.name}' is taken")
     asked = await build_op.request_build(node, body.name, body.tags or [],
                                          cpu_count=body.cpu_count, memory_mb=body.memory_mb)
     record = asked.template
+    if existing is None and node.tenancy.owner(Owned.TEMPLATE, record.template_id) is None:
+        await node.tenancy.claim(Owned.TEMPLATE, record.template_id, caller.team_id)
     return TemplateRequestResponseV3(
         templateID=record.template_id, buildID=asked.build.build_id, public=record.public,
         names=[record.name], tags=asked.tags, aliases=[record.name])
@@ -108,7 +118,10 @@ async def upload_files(
 @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
 async def start_build(
     template_id: str, build_id: str, body: TemplateBuildStartV2, node: NodeDep,
+    caller: CallerDep,
 ) -> Response:
+    if body.from_template:
+        await require_template(node, caller, body.from_template, manage=False)
     registry = body.from_image_registry
     source = build_op.BuildSource(
         from_image=body.from_image, from_template=body.from_template,
@@ -168,8 +181,9 @@ def template_out(summary: catalog_op.TemplateSummary, settings: Settings) -> Tem
 
 
 @router.get("/templates", response_model=list[TemplateOut])
-async def list_templates(node: NodeDep) -> list[TemplateOut]:
-    return [template_out(s, node.settings) for s in await catalog_op.list_templates(node)]
+async def list_templates(node: NodeDep, caller: CallerDep) -> list[TemplateOut]:
+    return [template_out(s, node.settings) for s in await catalog_op.list_templates(node)
+            if sees_template(node.tenancy, caller, s.template)]
 
 
 @router.get("/templates/{template_id}/tags", response_model=list[TemplateTagOut])
@@ -179,19 +193,21 @@ async def list_tags(template_id: str, node: NodeDep) -> list[TemplateTagOut]:
 
 
 @router.post("/templates/tags", status_code=201, response_model=AssignedTags)
-async def assign_tags(body: AssignTags, node: NodeDep) -> AssignedTags:
+async def assign_tags(body: AssignTags, node: NodeDep, caller: CallerDep) -> AssignedTags:
+    await require_template(node, caller, body.target, manage=True)
     build_id = await catalog_op.assign_tags(node, body.target, body.tags)
     return AssignedTags(buildID=build_id, tags=body.tags)
 
 
 @router.delete("/templates/tags", status_code=204)
-async def delete_tags(body: DeleteTags, node: NodeDep) -> Response:
+async def delete_tags(body: DeleteTags, node: NodeDep, caller: CallerDep) -> Response:
+    await require_template(node, caller, body.name, manage=True)
     await catalog_op.delete_tags(node, body.name, body.tags)
     return Response(status_code=204)
 
 
 @router.post("/sandboxes-cold", status_code=201, response_model=SandboxOut)
-async def create_cold(body: ColdSandbox, node: NodeDep) -> SandboxOut:
+async def create_cold(body: ColdSandbox, node: NodeDep, caller: CallerDep) -> SandboxOut:
     """AgentENV's cold start: a sandbox straight from an OCI image (``ops/cold_start.py``)."""
     timeout = timeout_or_default(node.settings, body.timeout)
     check_sandbox_inputs(node.settings, body.metadata, body.env_vars)
@@ -201,6 +217,7 @@ async def create_cold(body: ColdSandbox, node: NodeDep) -> SandboxOut:
         auto_pause=node.settings.auto_pause_default if body.auto_pause is None
         else body.auto_pause,
         allow_internet_access=body.allow_internet_access, network=body.network,
+        team_id=node.tenancy.stamp(caller),
     )
     auth = None
     if body.registry is not None and body.registry.username:
@@ -210,7 +227,7 @@ async def create_cold(body: ColdSandbox, node: NodeDep) -> SandboxOut:
     return sandbox_out(record, node.settings)
 
 
-@router.get("/images")
+@router.get("/images", dependencies=[Depends(require_operator)])
 async def list_images(node: NodeDep) -> list[dict[str, object]]:
     """aenv's own view of the image cache: every pulled reference, how much of it is on disk
     now, and the last progress line of pulls under way (``pulling``)."""

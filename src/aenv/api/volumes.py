@@ -14,8 +14,9 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from aenv.api.auth import require_api_key
+from aenv.api.auth import CallerDep
 from aenv.api.node import NodeDep
+from aenv.api.ownership import guard_path
 from aenv.api.volume_tokens import check, mint
 from aenv.core.errors import InvalidArgument, NotFound
 from aenv.core.ids import is_volume_id
@@ -24,7 +25,7 @@ from aenv.orchestrator.ops import volume_content as content
 from aenv.storage.volume_catalog import VolumeManifest
 from aenv.storage.volume_files import EntryStat
 
-volumes = APIRouter(dependencies=[Depends(require_api_key)])
+volumes = APIRouter(dependencies=[Depends(guard_path)])
 volume_content = APIRouter()
 
 U32 = Annotated[int, Field(ge=0, le=0xFFFFFFFF)]
@@ -88,14 +89,16 @@ def _checked(volume_id: str) -> str:
 
 @volumes.post("/volumes", status_code=201, response_model=VolumeAndToken,
               response_model_exclude_none=True)
-async def create_volume(body: NewVolume, node: NodeDep, request: Request) -> VolumeAndToken:
-    manifest = await node.volumes.create(body.name, body.size_mb)
+async def create_volume(body: NewVolume, node: NodeDep, request: Request,
+                        caller: CallerDep) -> VolumeAndToken:
+    manifest = await node.volumes.create(body.name, body.size_mb, node.tenancy.stamp(caller))
     return _with_token(request, node, manifest)
 
 
 @volumes.get("/volumes", response_model=list[VolumeOut], response_model_exclude_none=True)
-async def list_volumes(node: NodeDep) -> list[VolumeOut]:
-    return [_out(m) for m in await node.volumes.list()]
+async def list_volumes(node: NodeDep, caller: CallerDep) -> list[VolumeOut]:
+    return [_out(m) for m in await node.volumes.list()
+            if node.tenancy.is_team(caller, m.team_id)]
 
 
 @volumes.get("/volumes/{volume_id}", response_model=VolumeAndToken,

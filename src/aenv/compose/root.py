@@ -48,6 +48,7 @@ from aenv.orchestrator.settle import settle
 from aenv.orchestrator.spill import Spiller
 from aenv.orchestrator.supervisor import Supervisor
 from aenv.orchestrator.template_image import with_memory_image
+from aenv.orchestrator.tenancy import Tenancy
 from aenv.orchestrator.ttl import run_ttl_loop
 from aenv.orchestrator.volumes import Volumes
 from aenv.orchestrator.warm import WarmPool
@@ -60,6 +61,8 @@ from aenv.storage.volume_images import VolumeImages
 from aenv.store.audit import AuditStore
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
+from aenv.store.tenancy import TenancyStore
+from aenv.templates import code_interpreter
 
 log = logging.getLogger("aenv.compose")
 
@@ -135,6 +138,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         volumes=Volumes(settings, VolumeCatalog(repository.store), VolumeImages(settings.home),
                         node_id(settings)),
         audit=AuditTrail(AuditStore(store.db), settings.audit_max_entries),
+        tenancy=Tenancy(TenancyStore(store.db)),
         supervisor=Supervisor(),
         admission=Admission(max_starts=settings.max_concurrent_starts,
                             max_waiting=settings.max_queued_starts,
@@ -178,6 +182,11 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
     await node.volumes.recover(node.store)
     _closing(stack, "the volumes", node.volumes.release_all)
     _closing(stack, "the audit trail", node.audit.flush)
+    # Templates built before teams become the first team's (the built-in one stays public).
+    await node.tenancy.start(parts.api_key_for(settings), adopt_templates=[
+        t.template_id for t in await node.template_store.list_templates()
+        if t.name != code_interpreter.NAME])
+    _closing(stack, "the keys' last use", node.tenancy.flush_last_used)
     if published := await publish_pending(node):
         log.info("published %d paused sandboxes to the repository", published)
     if failed := await node.builder.recover():
@@ -188,6 +197,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         "liveness": partial(run_liveness_loop, node), "reaper": reaper.sweep,
         "volume-release": node.volumes.run_release_loop,
         "audit": node.audit.run_flush_loop,
+        "key-use": node.tenancy.run_flush_loop,
     }
     if settings.gc_interval_s:
         loops["gc"] = partial(run_gc_loop, node)

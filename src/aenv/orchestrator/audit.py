@@ -62,8 +62,8 @@ class AuditTrail:
             await self.flush()
 
     async def query(self, *, limit: int, before: int | None = None,
-                    object_id: str | None = None, actor: str | None = None
-                    ) -> list[AuditEntry]:
+                    object_id: str | None = None, actor: str | None = None,
+                    team_id: str | None = None) -> list[AuditEntry]:
         await self.flush()
         return await self.store.query(limit=limit, before=before, object_id=object_id,
-                                      actor=actor)
+                                      actor=actor, team_id=team_id)

@@ -23,6 +23,7 @@ from aenv.orchestrator.deps import (
 from aenv.orchestrator.liveness import Liveness
 from aenv.orchestrator.owners import Owners
 from aenv.orchestrator.supervisor import Supervisor
+from aenv.orchestrator.tenancy import Tenancy
 from aenv.orchestrator.volumes import Volumes
 from aenv.runtime.base import Runtime
 from aenv.storage.images import ImageStore
@@ -128,6 +129,8 @@ class Node:
     volumes: Volumes
     #: Who did what to which object (``audit.py``).
     audit: AuditTrail
+    #: Teams, their keys, and who owns what (``tenancy.py``).
+    tenancy: Tenancy
     #: Owns every background loop (``supervisor.py``).
     supervisor: Supervisor = field(default_factory=Supervisor)
     streams: StreamRegistry = field(default_factory=StreamRegistry)

@@ -116,7 +116,8 @@ class Volumes:
 
     # -- the control plane -------------------------------------------------------------------
 
-    async def create(self, name: str, size_mb: int | None = None) -> VolumeManifest:
+    async def create(self, name: str, size_mb: int | None = None,
+                     team_id: str | None = None) -> VolumeManifest:
         if not NAME.match(name) or len(name) > MAX_NAME:
             raise InvalidArgument("Invalid volume name: use letters, digits, '-' and '_' "
                                   f"(at most {MAX_NAME})")
@@ -125,7 +126,7 @@ class Volumes:
             raise InvalidArgument(f"a volume's size is 16 to {self.settings.volume_max_size_mb}"
                                   f" MB, not {size}")
         try:
-            return await self.catalog.create(new_volume_id(), name, size << 20)
+            return await self.catalog.create(new_volume_id(), name, size << 20, team_id)
         except AlreadyExists as exc:
             raise InvalidArgument(exc.message) from None  # E2B answers a taken name 400
 

@@ -111,6 +111,8 @@ class SnapshotDraft(_Frozen):
     #: The source sandbox's volumes (``[{"name", "path", "volume_id", "read_only"}]``): its
     #: memory image has them mounted, so a sandbox made from it mounts them again (read-only).
     volume_mounts: list[dict[str, object]] = Field(default_factory=list)
+    #: The team that owns it (a snapshot: its source sandbox's; None: the default team's).
+    team_id: str | None = None
 
 
 class SnapshotManifest(SnapshotDraft):

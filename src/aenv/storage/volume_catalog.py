@@ -52,6 +52,8 @@ class VolumeManifest(BaseModel):
     version: int = 0
     #: Digests checked by their pattern: a chunk's key is made from its digest.
     chunks: list[DiskChunk] = Field(default_factory=list)
+    #: The team that owns it (None: made before teams, the default team's).
+    team_id: str | None = None
 
 
 class VolumeCatalog:
@@ -60,14 +62,15 @@ class VolumeCatalog:
 
     # -- the volumes ----------------------------------------------------------------------------
 
-    async def create(self, volume_id: str, name: str, size_bytes: int) -> VolumeManifest:
+    async def create(self, volume_id: str, name: str, size_bytes: int,
+                     team_id: str | None = None) -> VolumeManifest:
         """Claim ``name`` and record the volume; ``AlreadyExists`` if the name is taken."""
         try:
             await self.store.put_bytes(NAMES + name, volume_id.encode(), create=True)
         except AlreadyExists:
             raise AlreadyExists(f"Volume with name '{name}' already exists") from None
         manifest = VolumeManifest(volume_id=volume_id, name=name, size_bytes=size_bytes,
-                                  created_at=time.time())
+                                  created_at=time.time(), team_id=team_id)
         try:
             await self._write(manifest)
         except BaseException:

@@ -114,4 +114,35 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX audit_object ON audit (object_id, seq);
     """,
+    # 7: teams, their API keys and access tokens (hashed), and which team owns what
+    """
+    ALTER TABLE sandboxes ADD COLUMN team_id TEXT;
+    CREATE TABLE teams (
+        team_id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        is_default INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE credentials (
+        key_id TEXT PRIMARY KEY,
+        team_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        digest TEXT NOT NULL UNIQUE,
+        value_length INTEGER NOT NULL,
+        masked_prefix TEXT NOT NULL,
+        masked_suffix TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        last_used REAL
+    );
+    CREATE INDEX credentials_team ON credentials (team_id);
+    CREATE TABLE owned (
+        kind TEXT NOT NULL,
+        object_id TEXT NOT NULL,
+        team_id TEXT NOT NULL,
+        PRIMARY KEY (kind, object_id)
+    );
+    ALTER TABLE audit ADD COLUMN team_id TEXT;
+    ALTER TABLE audit ADD COLUMN key_name TEXT;
+    """,
 ]

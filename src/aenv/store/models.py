@@ -39,6 +39,9 @@ class SandboxRecord:
     last_error: str | None = None
     #: Its volumes: ``[{"name", "path", "volume_id", "read_only"}]`` in the order given.
     volume_mounts: list[dict[str, Any]] | None = None
+    #: The team that owns it (``orchestrator/tenancy.py``); None: the default team (a record
+    #: from before teams).
+    team_id: str | None = None
 
     def evolve(self, **changes: Any) -> SandboxRecord:
         return replace(self, **changes)
@@ -112,8 +115,35 @@ class AuditEntry:
     status: int
     #: Its place in the log (assigned when written; 0 before).
     seq: int = 0
+    #: The caller's team and key name, when the key was one of the node's.
+    team_id: str | None = None
+    key_name: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "at": self.at, "actor": self.actor, "action": self.action,
-                "objectID": self.object_id, "client": self.client, "status": self.status}
+                "objectID": self.object_id, "client": self.client, "status": self.status,
+                "teamID": self.team_id, "keyName": self.key_name}
 
+
+@dataclass(frozen=True)
+class TeamRow:
+    team_id: str
+    name: str
+    is_default: bool
+    created_at: float
+
+
+@dataclass(frozen=True)
+class CredentialRow:
+    key_id: str
+    team_id: str
+    #: ``api_key``, ``access_token`` or ``operator`` (the node's own key: see tenancy.py).
+    kind: str
+    name: str
+    #: SHA-256 of the value, hex.
+    digest: str
+    value_length: int
+    masked_prefix: str
+    masked_suffix: str
+    created_at: float
+    last_used: float | None = None

@@ -66,6 +66,8 @@ class CreateParams:
     volume_mounts: tuple[MountRequest, ...] = ()
     #: A fork child's volumes: its parent's, read-only.
     inherited_volumes: tuple[Mounted, ...] = ()
+    #: The team it is made for (``orchestrator/tenancy.py``; None: the default team).
+    team_id: str | None = None
 
 
 async def create(node: Node, params: CreateParams) -> SandboxRecord:
@@ -159,6 +161,7 @@ async def _create(node: Node, template: Template, params: CreateParams, policy: 
         network=params.network,
         instance=(instance_json(warm.slot, warm.instance, envd_bundle=warm.envd_bundle)
                   if warm else instance_json(pre.slot, pre.instance) if pre else None),
+        team_id=params.team_id,
     )
     # The create is the new sandbox's first operation: a kill of it meanwhile cancels the
     # create, which abandons its record (``_abandon``) before the kill's teardown runs.

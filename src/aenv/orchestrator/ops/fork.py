@@ -109,6 +109,7 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
             allow_internet_access=record.allow_internet_access,
             network=record.network,
             fresh_boot_id=False,  # a child continues its parent's boot
+            team_id=record.team_id,
             # The parent keeps writing its volumes; its children read them (one writer).
             inherited_volumes=tuple(replace(m, read_only=True)
                                     for m in mounts_of(record.volume_mounts)),

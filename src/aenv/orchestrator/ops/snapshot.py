@@ -110,6 +110,7 @@ def draft_of(
         metadata=record.metadata,
         envd_token=record.envd_token,
         volume_mounts=list(record.volume_mounts or ()),
+        team_id=record.team_id,
     )
 
 

@@ -1,0 +1,288 @@
+"""Teams, their keys, and which team owns what (docs/teams.md).
+
+Every sandbox, snapshot, template, volume and build belongs to one team, and a team's keys see
+and touch only its objects: anything else answers as if it did not exist (404), so a key
+learns nothing of other teams. Who may do what:
+
+* a **team key** (``X-API-KEY``; E2B's API keys, named, revocable, last-used time) or **access
+  token** (``Authorization: Bearer``, E2B's deprecated user token) acts for its team;
+* the **operator key** — the node's configured or generated ``api_key`` — is the default
+  team's key, and also manages teams and the node (``/teams``, ``/node/*``, ``/repository``).
+  So an install from before teams keeps working: its key is the first team's.
+
+Keys are stored as SHA-256 digests: a value is shown once, when made. Everything is held in
+memory and written through to SQLite (this process is the database's only writer), so the
+lookup on every call is a dictionary read; a revoked key fails on the next call.
+
+Ownership: a sandbox's team is in its record, a snapshot's and a volume's in its manifest in
+the repository (so they travel between nodes); a template's is in the ``owned`` table. An
+object without a team is the default team's (made before teams), except a template: an
+unowned template is the node's own (``base``, ``code-interpreter-v1``), public to every
+team, managed by the operator only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from aenv.core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
+from aenv.core.ids import new_api_key
+from aenv.store.models import CredentialRow, TeamRow
+from aenv.store.tenancy import TenancyStore
+
+log = logging.getLogger("aenv.orchestrator.tenancy")
+
+DEFAULT_TEAM_NAME = "default"
+#: A key's last use is written at most this often (it is kept exact in memory).
+LAST_USED_FLUSH_S = 30.0
+MAX_NAME = 100
+
+
+class CredentialKind(StrEnum):
+    API_KEY = "api_key"
+    ACCESS_TOKEN = "access_token"
+    OPERATOR = "operator"
+
+
+class Owned(StrEnum):
+    """The kinds of object the ``owned`` table holds. A sandbox's, snapshot's or volume's
+    team is written in its own record or manifest instead, which travels with it between
+    nodes (a paused sandbox's manifest, the shared repository)."""
+
+    TEMPLATE = "template"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking: a team, through one of its credentials."""
+
+    team_id: str
+    key_id: str
+    key_name: str
+    #: The operator key: manages teams and the node, and sees the node's own templates.
+    operator: bool = False
+
+
+def digest_of(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def new_access_token_value() -> str:
+    """Shaped like E2B's access tokens."""
+    return "sk_e2b_" + secrets.token_hex(20)
+
+
+def check_name(name: str, what: str) -> str:
+    name = name.strip()
+    if not name or len(name) > MAX_NAME or not name.isprintable():
+        raise InvalidArgument(f"{what} name must be 1-{MAX_NAME} printable characters")
+    return name
+
+
+class Tenancy:
+    def __init__(self, store: TenancyStore, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+        self._teams: dict[str, TeamRow] = {}
+        self._credentials: dict[str, CredentialRow] = {}  # by digest
+        self._owners: dict[tuple[str, str], str] = {}
+        self._used: dict[str, float] = {}  # key id -> last use not yet written
+        self._lock = asyncio.Lock()
+        self.default_team_id = ""
+
+    # -- start -------------------------------------------------------------------------------
+
+    async def start(self, operator_key: str, adopt_templates: Iterable[str] = ()) -> None:
+        """Load everything; make the default team and register ``operator_key`` as its
+        operator credential (replacing an older one: the configured key changed).
+        ``adopt_templates``: template ids from before teams, which become the default team's.
+        """
+        self._teams = {t.team_id: t for t in await self.store.teams()}
+        self._credentials = {c.digest: c for c in await self.store.credentials()}
+        self._owners = {(k, o): t for k, o, t in await self.store.owners()}
+        default = next((t for t in self._teams.values() if t.is_default), None)
+        if default is None:
+            default = TeamRow(str(uuid.uuid4()), DEFAULT_TEAM_NAME, True, self.clock())
+            await self.store.insert_team(default)
+            self._teams[default.team_id] = default
+            for template_id in adopt_templates:
+                await self.claim(Owned.TEMPLATE, template_id, default.team_id)
+        self.default_team_id = default.team_id
+        digest = digest_of(operator_key)
+        for old in [c for c in self._credentials.values()
+                    if c.kind == CredentialKind.OPERATOR and c.digest != digest]:
+            await self.store.delete_credential(old.key_id)
+            del self._credentials[old.digest]
+        if digest not in self._credentials:
+            row = _credential_row(default.team_id, CredentialKind.OPERATOR, "operator",
+                                  operator_key, self.clock())
+            await self.store.insert_credential(row)
+            self._credentials[digest] = row
+
+    # -- who is asking -----------------------------------------------------------------------
+
+    def resolve(self, value: str, kinds: frozenset[CredentialKind]) -> Caller | None:
+        row = self._credentials.get(digest_of(value))
+        if row is None or row.kind not in kinds:
+            return None
+        self._used[row.key_id] = self.clock()
+        return Caller(team_id=row.team_id, key_id=row.key_id, key_name=row.name,
+                      operator=row.kind == CredentialKind.OPERATOR)
+
+    async def flush_last_used(self) -> None:
+        used, self._used = self._used, {}
+        if not used:
+            return
+        await self.store.set_last_used(used)
+        by_id = {c.key_id: c for c in self._credentials.values()}
+        for key_id, at in used.items():
+            row = by_id.get(key_id)
+            if row is not None:
+                self._credentials[row.digest] = _with_last_used(row, at)
+
+    async def run_flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(LAST_USED_FLUSH_S)
+            await self.flush_last_used()
+
+    # -- teams -------------------------------------------------------------------------------
+
+    def teams(self) -> list[TeamRow]:
+        return sorted(self._teams.values(), key=lambda t: t.created_at)
+
+    def team(self, team_id: str) -> TeamRow:
+        team = self._teams.get(team_id)
+        if team is None:
+            raise NotFound(f"team {team_id} not found")
+        return team
+
+    async def create_team(self, name: str) -> tuple[TeamRow, str]:
+        """A new team and its first API key (the value: shown once)."""
+        name = check_name(name, "team")
+        async with self._lock:
+            if any(t.name == name for t in self._teams.values()):
+                raise Conflict(f"a team named '{name}' exists")
+            team = TeamRow(str(uuid.uuid4()), name, False, self.clock())
+            await self.store.insert_team(team)
+            self._teams[team.team_id] = team
+        _, value = await self.create_credential(team.team_id, CredentialKind.API_KEY, "default")
+        return team, value
+
+    async def delete_team(self, team_id: str, owns_objects: bool) -> None:
+        """Prerequisites: the team owns nothing (its sandboxes, snapshots, templates and
+        volumes deleted first: ``Conflict`` otherwise; ``owns_objects`` says whether it owns
+        any of what is not in the ``owned`` table); not the default team."""
+        team = self.team(team_id)
+        if team.is_default:
+            raise FailedPrecondition("the default team cannot be deleted")
+        if owns_objects or self.owns_any(team_id):
+            raise Conflict(f"team {team_id} still owns sandboxes, snapshots, templates or "
+                           "volumes: delete them first")
+        async with self._lock:
+            await self.store.delete_team(team_id)
+            self._teams.pop(team_id, None)
+            for digest in [d for d, c in self._credentials.items() if c.team_id == team_id]:
+                del self._credentials[digest]
+
+    # -- credentials -------------------------------------------------------------------------
+
+    def credentials(self, team_id: str, kind: CredentialKind) -> list[CredentialRow]:
+        by_id = {c.key_id: c for c in self._credentials.values()
+                 if c.team_id == team_id and c.kind == kind}
+        for key_id, at in self._used.items():
+            if key_id in by_id:
+                by_id[key_id] = _with_last_used(by_id[key_id], at)
+        return sorted(by_id.values(), key=lambda c: c.created_at)
+
+    async def create_credential(self, team_id: str, kind: CredentialKind,
+                                name: str) -> tuple[CredentialRow, str]:
+        self.team(team_id)
+        name = check_name(name, "key")
+        value = new_api_key() if kind == CredentialKind.API_KEY else new_access_token_value()
+        row = _credential_row(team_id, kind, name, value, self.clock())
+        await self.store.insert_credential(row)
+        self._credentials[row.digest] = row
+        return row, value
+
+    def _credential(self, team_id: str, key_id: str, kind: CredentialKind) -> CredentialRow:
+        for row in self._credentials.values():
+            if row.key_id == key_id and row.team_id == team_id and row.kind == kind:
+                return row
+        raise NotFound(f"key {key_id} not found")
+
+    async def rename_credential(self, team_id: str, key_id: str, kind: CredentialKind,
+                                name: str) -> None:
+        row = self._credential(team_id, key_id, kind)
+        name = check_name(name, "key")
+        await self.store.rename_credential(key_id, name)
+        self._credentials[row.digest] = _renamed(row, name)
+
+    async def revoke_credential(self, team_id: str, key_id: str, kind: CredentialKind) -> None:
+        row = self._credential(team_id, key_id, kind)
+        # Gone from memory first: no call after this line is let in with it.
+        del self._credentials[row.digest]
+        self._used.pop(key_id, None)
+        await self.store.delete_credential(key_id)
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    def owner(self, kind: Owned, object_id: str) -> str | None:
+        return self._owners.get((kind, object_id))
+
+    def owns(self, caller: Caller, kind: Owned, object_id: str) -> bool:
+        """Whether ``caller``'s team owns the object (an unowned template, the node's own,
+        is managed by the operator)."""
+        owner = self._owners.get((kind, object_id))
+        if owner is None:
+            return caller.operator
+        return owner == caller.team_id
+
+    def is_team(self, caller: Caller, team_id: str | None) -> bool:
+        """Whether an object written with ``team_id`` (None: from before teams, the default
+        team's) is the caller's."""
+        return (team_id or self.default_team_id) == caller.team_id
+
+    def stamp(self, caller: Caller) -> str | None:
+        """The team to write on an object the caller makes: None for the default team, as
+        before teams (each node of a cluster has its own default team id; None is the same
+        everywhere, and an older node reads it too)."""
+        return None if caller.team_id == self.default_team_id else caller.team_id
+
+    def owns_any(self, team_id: str) -> bool:
+        return any(t == team_id for t in self._owners.values())
+
+    def owned_by(self, team_id: str, kind: Owned) -> set[str]:
+        return {o for (k, o), t in self._owners.items() if k == kind and t == team_id}
+
+    async def claim(self, kind: Owned, object_id: str, team_id: str) -> None:
+        await self.store.set_owner(kind, object_id, team_id)
+        self._owners[(kind, object_id)] = team_id
+
+    async def release(self, kind: Owned, object_id: str) -> None:
+        if self._owners.pop((kind, object_id), None) is not None:
+            await self.store.drop_owner(kind, object_id)
+
+
+def _credential_row(team_id: str, kind: CredentialKind, name: str, value: str,
+                    now: float) -> CredentialRow:
+    prefix = value[:4] if kind != CredentialKind.ACCESS_TOKEN else value[:7]
+    return CredentialRow(
+        key_id=str(uuid.uuid4()), team_id=team_id, kind=kind, name=name,
+        digest=digest_of(value), value_length=len(value),
+        masked_prefix=prefix, masked_suffix=value[-4:], created_at=now)
+
+
+def _with_last_used(row: CredentialRow, at: float) -> CredentialRow:
+    return CredentialRow(**{**row.__dict__, "last_used": at})
+
+
+def _renamed(row: CredentialRow, name: str) -> CredentialRow:
+    return CredentialRow(**{**row.__dict__, "name": name})

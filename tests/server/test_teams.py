@@ -1,0 +1,285 @@
+"""Two teams on one node (docs/teams.md): neither sees nor touches the other's objects through
+any route, keys are made, named, used and revoked, and a node from before teams keeps its
+key as the default team's. The fake runtime: what is checked is the API's door, not the
+sandboxes (the real-runtime half is tests/server/test_teams_runtime.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2b import Sandbox, SandboxQuery
+from e2b.exceptions import NotFoundException
+
+from tests.conftest import free_port
+from tests.server.harness import (
+    API_KEY,
+    NodeServer,
+    cleanup_home,
+    client_env,
+    kill_all_sandboxes,
+    kill_leaked,
+    start_server,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+#: Routes a key of another team may call successfully: they list or make the caller's own
+#: things. Anything else naming team A's objects must answer 401, 403, 404 or 409 (a name in
+#: one namespace); a listing must not show A's objects.
+_OWN = {
+    ("GET", "/v2/sandboxes"), ("GET", "/sandboxes"), ("GET", "/snapshots"),
+    ("GET", "/templates"), ("GET", "/volumes"), ("POST", "/volumes"), ("GET", "/audit"),
+    ("GET", "/teams"), ("GET", "/api-keys"), ("POST", "/api-keys"),
+    ("POST", "/access-tokens"),
+}
+_PUBLIC = {("GET", "/health")}
+#: B's own creates from what is not A's: refused for the body they are sent (400/422).
+_OWN_INVALID = {("POST", "/sandboxes-cold")}
+
+
+@pytest.fixture
+def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[NodeServer]:
+    home = Path(tempfile.mkdtemp(prefix="aenv-home-"))
+    try:
+        server = start_server(free_port(), home, runtime="fake", net_pool_size="2",
+                              warm_pool_size="0", precreate_pool_size="0")
+    except BaseException:
+        cleanup_home(home)
+        raise
+    for key, value in client_env(server).items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield server
+    finally:
+        try:
+            kill_all_sandboxes()
+        finally:
+            server.stop()
+        kill_leaked(server.home)
+        cleanup_home(server.home)
+
+
+def _raw(node: NodeServer, key: str) -> httpx.Client:
+    return httpx.Client(base_url=node.url, timeout=60, headers={"X-API-KEY": key})
+
+
+def _new_team(node: NodeServer, name: str) -> dict[str, Any]:
+    with _raw(node, API_KEY) as operator:
+        made = operator.post("/teams", json={"name": name})
+    assert made.status_code == 201, made.text
+    team: dict[str, Any] = made.json()
+    assert re.fullmatch(r"e2b_[0-9a-f]{40}", team["apiKey"]) and not team["isDefault"]
+    return team
+
+
+def _body_for(method: str, path: str, ids: dict[str, str]) -> dict[str, Any] | None:
+    """A well-formed body that names team A's objects where the route takes one."""
+    bodies: dict[tuple[str, str], dict[str, Any]] = {
+        ("POST", "/v2/sandboxes"): {"templateID": ids["snapshot_id"]},
+        ("POST", "/sandboxes"): {"templateID": ids["template_name"]},
+        ("POST", "/v3/templates"): {"name": ids["template_name"]},
+        ("POST", "/templates/tags"): {"target": ids["template_name"], "tags": ["x"]},
+        ("DELETE", "/templates/tags"): {"name": ids["template_name"], "tags": ["x"]},
+        ("POST", "/volumes"): {"name": "b-own-volume"},
+        ("POST", "/api-keys"): {"name": "b-second"},
+        ("POST", "/access-tokens"): {"name": "b-token"},
+        ("POST", "/teams"): {"name": "b-made"},
+        # B's own create, from an image: a malformed reference (no registry is reached).
+        ("POST", "/sandboxes-cold"): {"image": "Not A Reference"},
+        ("POST", "/sandboxes/{sandbox_id}/timeout"): {"timeout": 100},
+        ("POST", "/sandboxes/{sandbox_id}/connect"): {"timeout": 100},
+        ("PUT", "/sandboxes/{sandbox_id}/network"): {"allowOut": ["10.0.0.1"]},
+        ("PATCH", "/api-keys/{api_key_id}"): {"name": "stolen"},
+        ("POST", "/admin/teams/{team_id}/api-keys"): {"name": "stolen"},
+        ("POST", "/v2/templates/{template_id}/builds/{build_id}"): {"fromImage": "alpine"},
+        ("PATCH", "/volumecontent/{volume_id}/path"): {"mode": 420},
+    }
+    return bodies.get((method, path), {} if method in ("POST", "PUT", "PATCH") else None)
+
+
+def _fill(path: str, ids: dict[str, str]) -> str:
+    values = {
+        "sandbox_id": ids["sandbox_id"], "template_id": ids["template_id"],
+        "alias": ids["template_name"], "build_id": ids["build_id"],
+        "volume_id": ids["volume_id"], "team_id": ids["team_id"],
+        "api_key_id": ids["api_key_id"], "access_token_id": ids["access_token_id"],
+        "files_hash": "a" * 64, "digest": "sha256:" + "b" * 64,
+    }
+    filled = re.sub(r"\{(\w+)(:path)?\}", lambda m: values[m.group(1)], path)
+    assert "{" not in filled, path
+    # The volume content routes name the file in the query.
+    return filled + ("?path=/a" if path.startswith("/volumecontent/") else "")
+
+
+def test_a_second_team_reaches_nothing_of_the_first_through_any_route(
+        node: NodeServer) -> None:
+    # Team A: the default team, through the operator key a node from before teams had.
+    sbx = Sandbox.create(timeout=300, metadata={"team": "a"})
+    with _raw(node, API_KEY) as a:
+        snap = a.post(f"/sandboxes/{sbx.sandbox_id}/snapshots", json={"name": "a-snap"})
+        assert snap.status_code == 201, snap.text
+        template = a.post("/v3/templates", json={"name": "a-template"})
+        assert template.status_code == 202, template.text
+        volume = a.post("/volumes", json={"name": "a-volume"})
+        assert volume.status_code == 201, volume.text
+        key = a.post("/api-keys", json={"name": "a-ci"})
+        token = a.post("/access-tokens", json={"name": "a-cli"})
+        assert key.status_code == token.status_code == 201, (key.text, token.text)
+        teams = a.get("/teams").json()
+        spec = a.get("/openapi.json").json()
+    ids = {
+        "sandbox_id": sbx.sandbox_id, "snapshot_id": snap.json()["snapshotID"],
+        "template_id": template.json()["templateID"], "template_name": "a-template",
+        "build_id": template.json()["buildID"], "volume_id": volume.json()["volumeID"],
+        "team_id": next(t["teamID"] for t in teams if t["isDefault"]),
+        "api_key_id": key.json()["id"], "access_token_id": token.json()["id"],
+    }
+    secrets = {key.json()["key"], token.json()["token"], sbx._envd_access_token or ""}
+    team_b = _new_team(node, "team-b")
+    b_key = team_b["apiKey"]
+
+    walked = 0
+    with _raw(node, b_key) as b:
+        for path, operations in spec["paths"].items():
+            for method in operations:
+                method = method.upper()
+                if (method, path) in _PUBLIC:
+                    continue
+                url = _fill(path, ids)
+                body = _body_for(method, path, ids)
+                answer = b.request(method, url, json=body) if body is not None \
+                    else b.request(method, url)
+                walked += 1
+                shown = answer.text
+                for secret in secrets - {""}:
+                    assert secret not in shown, (method, path)
+                if (method, path) in _OWN_INVALID:
+                    assert answer.status_code in (400, 422), (method, path, shown)
+                elif (method, path) == ("GET", "/audit"):
+                    # B's own log: its tries (which name A's ids), none of A's entries.
+                    entries = answer.json()["entries"]
+                    assert entries and {e["teamID"] for e in entries} == {team_b["teamID"]}
+                elif (method, path) in _OWN:
+                    assert answer.status_code in (200, 201), (method, path, shown)
+                    for object_id in ids.values():
+                        assert object_id not in shown, (method, path, object_id, shown)
+                else:
+                    assert answer.status_code in (401, 403, 404, 409), (
+                        method, path, answer.status_code, shown)
+    assert walked >= 50
+
+    # Everything of A's is still there and untouched, for A.
+    with _raw(node, API_KEY) as a:
+        assert a.get(f"/sandboxes/{sbx.sandbox_id}").json()["state"] == "running"
+        assert a.get(f"/volumes/{ids['volume_id']}").status_code == 200
+        assert ids["snapshot_id"] in a.get("/snapshots").text
+        assert [k["name"] for k in a.get("/api-keys").json()] == ["a-ci"]
+        assert ids["template_id"] in a.get("/templates").text
+
+    # The SDK as team B: its list is empty, A's sandbox is not found, its own works.
+    assert Sandbox.list(api_key=b_key, query=SandboxQuery()).next_items() == []
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(sbx.sandbox_id, api_key=b_key)
+    assert Sandbox.kill(sbx.sandbox_id, api_key=b_key) is False  # the SDK's "not found"
+    own = Sandbox.create(timeout=120, api_key=b_key)
+    listed = [s.sandbox_id for s in Sandbox.list(api_key=b_key).next_items()]
+    assert listed == [own.sandbox_id]
+    assert own.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+    # A fork of B's sandbox is B's.
+    with _raw(node, b_key) as b:
+        forked = b.post(f"/sandboxes/{own.sandbox_id}/fork", json={"count": 1})
+        assert forked.status_code == 201, forked.text
+        child = forked.json()[0]["sandbox"]["sandboxID"]
+        assert {s["sandboxID"] for s in b.get("/v2/sandboxes").json()} == {
+            own.sandbox_id, child}
+    sbx.kill()
+
+
+def test_keys_are_made_named_used_and_revoked_at_once(node: NodeServer) -> None:
+    team = _new_team(node, "team-c")
+    first = team["apiKey"]
+    with _raw(node, first) as c:
+        made = c.post("/api-keys", json={"name": "rollouts"})
+        assert made.status_code == 201, made.text
+        second = made.json()
+        assert second["mask"]["maskedValueSuffix"] == second["key"][-4:]
+        assert second["mask"]["valueLength"] == len(second["key"]) == 44
+    with _raw(node, second["key"]) as rollouts:
+        assert rollouts.get("/v2/sandboxes").status_code == 200
+        listed = {k["name"]: k for k in rollouts.get("/api-keys").json()}
+        # The value is shown once: no listing has it.
+        assert set(listed) == {"default", "rollouts"}
+        assert all("key" not in k for k in listed.values())
+        assert listed["rollouts"]["lastUsed"] is not None
+        assert rollouts.patch(f"/api-keys/{second['id']}",
+                              json={"name": "rl-run-7"}).status_code == 200
+        # A team key cannot make teams, drain the node, or act as the operator.
+        assert rollouts.post("/teams", json={"name": "x"}).status_code == 403
+        assert rollouts.post("/node/drain").status_code == 403
+    with _raw(node, first) as c:
+        names = [k["name"] for k in c.get("/api-keys").json()]
+        assert names == ["default", "rl-run-7"]
+        assert c.delete(f"/api-keys/{second['id']}").status_code == 204
+        assert c.delete(f"/api-keys/{second['id']}").status_code == 404
+    # Revoked: the very next call is refused, on every route.
+    with _raw(node, second["key"]) as revoked:
+        assert revoked.get("/v2/sandboxes").status_code == 401
+        assert revoked.post("/sandboxes", json={"templateID": "base"}).status_code == 401
+
+    # An access token (E2B's ``Authorization: Bearer``) acts for its team too, and is revoked
+    # the same way; it is not an API key.
+    with _raw(node, first) as c:
+        token = c.post("/access-tokens", json={"name": "cli"}).json()
+    bearer = {"Authorization": f"Bearer {token['token']}"}
+    with httpx.Client(base_url=node.url, timeout=30) as raw:
+        assert raw.get("/api-keys", headers=bearer).status_code == 200
+        assert raw.get("/api-keys", headers={"X-API-KEY": token["token"]}).status_code == 401
+        with _raw(node, first) as c:
+            assert c.delete(f"/access-tokens/{token['id']}").status_code == 204
+        assert raw.get("/api-keys", headers=bearer).status_code == 401
+
+    # The operator (E2B's X-Admin-Token) manages any team's keys, and deletes an empty team.
+    admin = {"X-Admin-Token": API_KEY}
+    with httpx.Client(base_url=node.url, timeout=30) as raw:
+        made = raw.post(f"/admin/teams/{team['teamID']}/api-keys", json={"name": "ops"},
+                        headers=admin)
+        assert made.status_code == 201, made.text
+        as_team = {**admin, "X-Team-ID": team["teamID"]}
+        assert "ops" in [k["name"] for k in raw.get("/api-keys", headers=as_team).json()]
+        assert raw.delete(f"/admin/teams/{team['teamID']}/api-keys/{made.json()['id']}",
+                          headers=admin).status_code == 204
+    with _raw(node, API_KEY) as operator:
+        everyone = {t["name"] for t in operator.get("/teams").json()}
+        assert everyone == {"default", "team-c"}
+        assert operator.post("/teams", json={"name": "team-c"}).status_code == 409
+        default = next(t for t in operator.get("/teams").json() if t["isDefault"])
+        assert operator.delete(f"/teams/{default['teamID']}").status_code == 400
+        assert operator.delete(f"/teams/{team['teamID']}").status_code == 204
+    with _raw(node, first) as gone:
+        assert gone.get("/v2/sandboxes").status_code == 401
+
+
+def test_a_team_owning_sandboxes_is_not_deleted_and_the_audit_names_the_key(
+        node: NodeServer) -> None:
+    team = _new_team(node, "team-d")
+    own = Sandbox.create(timeout=120, api_key=team["apiKey"])
+    with _raw(node, API_KEY) as operator:
+        assert operator.delete(f"/teams/{team['teamID']}").status_code == 409
+        log = operator.get("/audit", params={"limit": 20}).json()["entries"]
+    made = next(e for e in log if e["objectID"] == own.sandbox_id)
+    assert (made["teamID"], made["keyName"], made["status"]) == (team["teamID"], "default", 201)
+    with _raw(node, team["apiKey"]) as d:
+        # A team reads its own audit entries only.
+        mine = d.get("/audit").json()["entries"]
+        assert mine and all(e["teamID"] == team["teamID"] for e in mine)
+    own.kill()
+    with _raw(node, API_KEY) as operator:
+        assert operator.delete(f"/teams/{team['teamID']}").status_code == 204
+    assert json.dumps(log)  # the log is plain JSON
