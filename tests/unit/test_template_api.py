@@ -74,7 +74,8 @@ class Repo:
 
 
 def _snapshot(snapshot_id: str, kind: str) -> Any:
-    return SimpleNamespace(snapshot_id=snapshot_id, manifest=SimpleNamespace(kind=kind, team_id=None))
+    return SimpleNamespace(snapshot_id=snapshot_id,
+                           manifest=SimpleNamespace(kind=kind, team_id=None))
 
 
 @pytest.fixture

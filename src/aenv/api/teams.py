@@ -14,10 +14,23 @@ from aenv.api.auth import CallerDep, OperatorDep
 from aenv.api.convert import iso
 from aenv.api.node import NodeDep
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.team_quota import Quota
 from aenv.orchestrator.tenancy import CredentialKind
 from aenv.store.models import CredentialRow, TeamRow
 
 router = APIRouter()
+
+
+class QuotaBody(BaseModel):
+    """aenv's own: a team's limits on a node (``orchestrator/team_quota.py``); null: none."""
+
+    maxSandboxes: int | None = Field(default=None, gt=0)
+    maxMemoryMB: int | None = Field(default=None, gt=0)
+    maxDiskMB: int | None = Field(default=None, gt=0)
+    startsPerSecond: float | None = Field(default=None, gt=0)
+
+    def quota(self) -> Quota:
+        return Quota.from_json(self.model_dump())
 
 
 class TeamOut(BaseModel):
@@ -26,10 +39,16 @@ class TeamOut(BaseModel):
     #: E2B's field; a key is shown only when made (here: in ``POST /teams``'s answer).
     apiKey: str = ""
     isDefault: bool
+    quota: QuotaBody = Field(default_factory=QuotaBody)
 
 
 class NewTeam(BaseModel):
     name: str = Field(max_length=200)
+    quota: QuotaBody | None = None
+
+
+class TeamUpdate(BaseModel):
+    quota: QuotaBody
 
 
 class NamedBody(BaseModel):
@@ -75,7 +94,8 @@ def _key_out(row: CredentialRow) -> KeyOut:
 
 
 def _team_out(team: TeamRow, key: str = "") -> TeamOut:
-    return TeamOut(teamID=team.team_id, name=team.name, apiKey=key, isDefault=team.is_default)
+    return TeamOut(teamID=team.team_id, name=team.name, apiKey=key, isDefault=team.is_default,
+                   quota=QuotaBody.model_validate(team.quota or {}))
 
 
 # -- teams ------------------------------------------------------------------------------------
@@ -89,8 +109,16 @@ async def list_teams(node: NodeDep, caller: CallerDep) -> list[TeamOut]:
 
 @router.post("/teams", status_code=201, response_model=TeamOut)
 async def create_team(body: NewTeam, node: NodeDep, caller: OperatorDep) -> TeamOut:
-    team, key = await node.tenancy.create_team(body.name)
+    team, key = await node.tenancy.create_team(body.name,
+                                               body.quota.quota() if body.quota else None)
     return _team_out(team, key)
+
+
+@router.patch("/teams/{team_id}", response_model=TeamOut)
+async def update_team(team_id: str, body: TeamUpdate, node: NodeDep,
+                      caller: OperatorDep) -> TeamOut:
+    """Set the team's quota (all of it: a field left out has no limit)."""
+    return _team_out(await node.tenancy.set_quota(team_id, body.quota.quota()))
 
 
 @router.delete("/teams/{team_id}", status_code=204)

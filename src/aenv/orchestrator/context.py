@@ -23,6 +23,7 @@ from aenv.orchestrator.deps import (
 from aenv.orchestrator.liveness import Liveness
 from aenv.orchestrator.owners import Owners
 from aenv.orchestrator.supervisor import Supervisor
+from aenv.orchestrator.team_quota import QuotaGate
 from aenv.orchestrator.tenancy import Tenancy
 from aenv.orchestrator.volumes import Volumes
 from aenv.runtime.base import Runtime
@@ -138,6 +139,8 @@ class Node:
     owners: Owners = field(default_factory=Owners)
     #: Bounds the creates starting sandboxes at once and waiting (``admission.py``).
     admission: Admission = field(default_factory=Admission.unlimited)
+    #: The teams' quotas, held while sandboxes start (``team_quota.py``).
+    quotas: QuotaGate = field(default_factory=QuotaGate)
     #: Last traffic per sandbox (proxy and API), for the idle auto-pause.
     activity: Activity = field(default_factory=Activity)
     #: Sandboxes whose envd does not answer (``liveness.py``): shown in info, and the proxy

@@ -30,11 +30,12 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from aenv.core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
 from aenv.core.ids import new_api_key
+from aenv.orchestrator.team_quota import Quota
 from aenv.store.models import CredentialRow, TeamRow
 from aenv.store.tenancy import TenancyStore
 
@@ -164,13 +165,26 @@ class Tenancy:
             raise NotFound(f"team {team_id} not found")
         return team
 
-    async def create_team(self, name: str) -> tuple[TeamRow, str]:
+    def quota_of(self, team_id: str | None) -> Quota:
+        """The quota of a team (None: the default team)."""
+        team = self._teams.get(team_id or self.default_team_id)
+        return Quota.from_json(team.quota) if team is not None else Quota()
+
+    async def set_quota(self, team_id: str, quota: Quota) -> TeamRow:
+        team = self.team(team_id)
+        raw = None if quota.unlimited else quota.as_json()
+        await self.store.set_quota(team_id, raw)
+        team = self._teams[team_id] = replace(team, quota=raw)
+        return team
+
+    async def create_team(self, name: str, quota: Quota | None = None) -> tuple[TeamRow, str]:
         """A new team and its first API key (the value: shown once)."""
         name = check_name(name, "team")
+        raw = None if quota is None or quota.unlimited else quota.as_json()
         async with self._lock:
             if any(t.name == name for t in self._teams.values()):
                 raise Conflict(f"a team named '{name}' exists")
-            team = TeamRow(str(uuid.uuid4()), name, False, self.clock())
+            team = TeamRow(str(uuid.uuid4()), name, False, self.clock(), raw)
             await self.store.insert_team(team)
             self._teams[team.team_id] = team
         _, value = await self.create_credential(team.team_id, CredentialKind.API_KEY, "default")
@@ -281,8 +295,8 @@ def _credential_row(team_id: str, kind: CredentialKind, name: str, value: str,
 
 
 def _with_last_used(row: CredentialRow, at: float) -> CredentialRow:
-    return CredentialRow(**{**row.__dict__, "last_used": at})
+    return replace(row, last_used=at)
 
 
 def _renamed(row: CredentialRow, name: str) -> CredentialRow:
-    return CredentialRow(**{**row.__dict__, "name": name})
+    return replace(row, name=name)

@@ -121,7 +121,8 @@ MIGRATIONS: list[str] = [
         team_id TEXT PRIMARY KEY,
         name TEXT NOT NULL UNIQUE,
         is_default INTEGER NOT NULL DEFAULT 0,
-        created_at REAL NOT NULL
+        created_at REAL NOT NULL,
+        quota TEXT
     );
     CREATE TABLE credentials (
         key_id TEXT PRIMARY KEY,

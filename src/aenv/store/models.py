@@ -131,6 +131,8 @@ class TeamRow:
     name: str
     is_default: bool
     created_at: float
+    #: Its quota as JSON (``orchestrator/team_quota.py``); None: none.
+    quota: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

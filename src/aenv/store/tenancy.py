@@ -5,6 +5,8 @@ shown once, when it is made, and never kept."""
 from __future__ import annotations
 
 import builtins
+import json
+from typing import Any
 
 import aiosqlite
 
@@ -26,15 +28,22 @@ class TenancyStore:
 
     async def insert_team(self, team: TeamRow) -> None:
         await self._db.execute(
-            "INSERT INTO teams (team_id, name, is_default, created_at) VALUES (?, ?, ?, ?)",
-            (team.team_id, team.name, int(team.is_default), team.created_at))
+            "INSERT INTO teams (team_id, name, is_default, created_at, quota) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (team.team_id, team.name, int(team.is_default), team.created_at,
+             None if team.quota is None else json.dumps(team.quota)))
+
+    async def set_quota(self, team_id: str, quota: dict[str, Any] | None) -> None:
+        await self._db.execute("UPDATE teams SET quota = ? WHERE team_id = ?",
+                               (None if quota is None else json.dumps(quota), team_id))
 
     async def teams(self) -> builtins.list[TeamRow]:
         async with self._db.execute(
-                "SELECT team_id, name, is_default, created_at FROM teams ORDER BY created_at"
-        ) as cur:
+                "SELECT team_id, name, is_default, created_at, quota FROM teams "
+                "ORDER BY created_at") as cur:
             rows = await cur.fetchall()
-        return [TeamRow(r[0], r[1], bool(r[2]), r[3]) for r in rows]
+        return [TeamRow(r[0], r[1], bool(r[2]), r[3], json.loads(r[4]) if r[4] else None)
+                for r in rows]
 
     async def delete_team(self, team_id: str) -> None:
         """The team and its credentials, in one transaction."""

@@ -29,6 +29,7 @@ from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import instance_json
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, release
 from aenv.orchestrator.ops.teardown import teardown
+from aenv.orchestrator.team_quota import team_starts
 from aenv.orchestrator.unwind import to_the_end
 from aenv.orchestrator.volumes import Mounted, MountRequest, mounts_of, slot_binds
 from aenv.store.models import SandboxRecord
@@ -74,7 +75,9 @@ async def create(node: Node, params: CreateParams) -> SandboxRecord:
     template = await node.templates.resolve(params.template)
     # A bounded number start at once, the limit checked for each under the admission's lock.
     admitted = node.admission.start(lambda starting: check_capacity(node, starting=starting))
-    async with admitted, layers_present(node, template):
+    memory = template.memory_mb or node.settings.default_memory_mb
+    async with (team_starts(node, params.team_id, count=1, memory_mb=memory), admitted,
+                layers_present(node, template)):
         record = await create_from(node, template, params)
     # Built templates count their spawns (E2B's ``spawnCount``); ``base`` and snapshots do not,
     # and their creates skip the write.

@@ -19,6 +19,7 @@ A crash mid-fork leaves ``creating`` children (torn down by recovery) and a stag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -41,6 +42,7 @@ from aenv.orchestrator.deps import Template
 from aenv.orchestrator.instance_codec import envd_bundle_of
 from aenv.orchestrator.ops.create import CreateParams, check_capacity, create_from
 from aenv.orchestrator.ops.snapshot import back_to_running, checkpoint_running
+from aenv.orchestrator.team_quota import team_starts
 from aenv.orchestrator.volumes import mounts_of
 from aenv.store.models import SandboxRecord
 
@@ -76,9 +78,15 @@ async def _fork_owned(node: Node, sandbox_id: str, count: int, timeout: int
         fits = await check_capacity(node, count)
     except ResourceExhausted as exc:
         return [ForkResult(error=exc) for _ in range(count)]
-    record = await node.store.update(record, state=SandboxState.FORKING)
-    with node.precreated.busy():
-        return await _fork(node, record, count, fits, timeout)
+    async with contextlib.AsyncExitStack() as held:
+        try:
+            await held.enter_async_context(
+                team_starts(node, record.team_id, count=fits, memory_mb=record.memory_mb))
+        except ResourceExhausted as exc:
+            return [ForkResult(error=exc) for _ in range(count)]
+        record = await node.store.update(record, state=SandboxState.FORKING)
+        with node.precreated.busy():
+            return await _fork(node, record, count, fits, timeout)
 
 
 async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeout: int

@@ -49,6 +49,7 @@ from aenv.orchestrator.ops.boot import Laps, release
 from aenv.orchestrator.ops.lifetime import set_timeout
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.precreated import Precreated, shape
+from aenv.orchestrator.team_quota import team_starts
 from aenv.orchestrator.unwind import to_the_end
 from aenv.orchestrator.volumes import mounts_of
 from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
@@ -84,9 +85,10 @@ async def _resume_owned(node: Node, sandbox_id: str, seconds: int
     if node.workspaces is not None and not frozen(record.instance):
         # A thaw needs no new disk; a restore or reboot may (the host's watermark: 429).
         await node.workspaces.ensure_host_room(f"resuming sandbox {sandbox_id}")
-    record = await node.store.update(record, state=SandboxState.RESUMING)
-    node.spiller.cancel(sandbox_id)
-    return await _resume(node, record, seconds), True
+    async with team_starts(node, record.team_id, count=1, memory_mb=record.memory_mb):
+        record = await node.store.update(record, state=SandboxState.RESUMING)
+        node.spiller.cancel(sandbox_id)
+        return await _resume(node, record, seconds), True
 
 
 async def _to_paused(node: Node, record: SandboxRecord, **changes: object) -> None:
