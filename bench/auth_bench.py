@@ -30,6 +30,7 @@ os.environ.setdefault("AENV_TEST_SLOT_BASE", "40600")
 import httpx
 from tests.server.harness import API_KEY, serving
 
+from aenv.orchestrator.team_directory import LocalDirectory
 from aenv.orchestrator.tenancy import CredentialKind, Tenancy
 from aenv.store.sqlite import Store
 from aenv.store.tenancy import TenancyStore
@@ -48,7 +49,7 @@ def _pct(values: list[float], q: float) -> float:
 async def _in_process(rounds: int, calls: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as home:
         store = await Store.open(Path(home) / "state.db")
-        tenancy = Tenancy(TenancyStore(store.db))
+        tenancy = Tenancy(LocalDirectory(TenancyStore(store.db)), TenancyStore(store.db))
         await tenancy.start(API_KEY)
         for n in range(100):  # a node with 100 teams
             await tenancy.create_team(f"team-{n}")
@@ -59,7 +60,7 @@ async def _in_process(rounds: int, calls: int) -> dict[str, Any]:
         for _ in range(rounds):
             start = time.perf_counter()
             for _ in range(calls):
-                tenancy.resolve(key, KINDS)
+                await tenancy.resolve(key, KINDS)
             resolve_us.append((time.perf_counter() - start) / calls * 1e6)
             start = time.perf_counter()
             for _ in range(calls):

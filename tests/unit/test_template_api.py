@@ -25,6 +25,7 @@ from aenv.core.timeouts import check_timeout, timeout_or_default
 from aenv.orchestrator.activity import Activity
 from aenv.orchestrator.audit import AuditTrail
 from aenv.orchestrator.ops import template_files
+from aenv.orchestrator.team_directory import LocalDirectory
 from aenv.orchestrator.tenancy import Tenancy
 from aenv.store.audit import AuditStore
 from aenv.store.sqlite import Store
@@ -82,7 +83,7 @@ def _snapshot(snapshot_id: str, kind: str) -> Any:
 async def node(tmp_path: Path) -> AsyncIterator[Any]:
     store = await Store.open(tmp_path / "state.db")
     settings = Settings(home=tmp_path, max_upload_bytes=1000, max_timeout_s=3600)
-    tenancy = Tenancy(TenancyStore(store.db))
+    tenancy = Tenancy(LocalDirectory(TenancyStore(store.db)), TenancyStore(store.db))
     await tenancy.start(KEY)
     yield SimpleNamespace(
         tenancy=tenancy, store=store,

@@ -22,22 +22,22 @@ def tenancy_of(request: Request) -> Tenancy:
     return tenancy
 
 
-def identify(request: Request) -> Caller:
+async def identify(request: Request) -> Caller:
     tenancy = tenancy_of(request)
     headers = request.headers
     key = headers.get("x-api-key")
     admin = headers.get("x-admin-token")
     bearer = headers.get("authorization", "")
     if key is not None:
-        caller = tenancy.resolve(key, _KEYS)
+        caller = await tenancy.resolve(key, _KEYS)
     elif admin is not None:
-        caller = tenancy.resolve(admin, _OPERATOR)
+        caller = await tenancy.resolve(admin, _OPERATOR)
         team = headers.get("x-team-id")
         if caller is not None and team:
-            caller = Caller(team_id=tenancy.team(team).team_id, key_id=caller.key_id,
+            caller = Caller(team_id=(await tenancy.team(team)).team_id, key_id=caller.key_id,
                             key_name=caller.key_name, operator=True)
     elif bearer.lower().startswith("bearer "):
-        caller = tenancy.resolve(bearer[7:].strip(), _TOKENS)
+        caller = await tenancy.resolve(bearer[7:].strip(), _TOKENS)
     else:
         raise Unauthenticated("missing X-API-KEY header")
     if caller is None:
@@ -46,14 +46,14 @@ def identify(request: Request) -> Caller:
     return caller
 
 
-def require_api_key(request: Request) -> Caller:
+async def require_api_key(request: Request) -> Caller:
     """Any credential of the node's: its team's objects only."""
-    return identify(request)
+    return await identify(request)
 
 
-def require_operator(request: Request) -> Caller:
+async def require_operator(request: Request) -> Caller:
     """The operator key only: teams and the node itself."""
-    caller = identify(request)
+    caller = await identify(request)
     if not caller.operator:
         raise PermissionDenied("this needs the node's operator key")
     return caller

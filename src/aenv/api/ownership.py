@@ -30,7 +30,7 @@ class TemplateLike(Protocol):
 
 
 async def guard_path(request: Request) -> None:
-    caller = identify(request)
+    caller = await identify(request)
     node: Node = request.app.state.node
     params = request.path_params
     read_only = request.method in ("GET", "HEAD")

@@ -103,7 +103,7 @@ def _team_out(team: TeamRow, key: str = "") -> TeamOut:
 @router.get("/teams", response_model=list[TeamOut])
 async def list_teams(node: NodeDep, caller: CallerDep) -> list[TeamOut]:
     """Every team for the operator; a team's own key sees its team."""
-    teams = node.tenancy.teams()
+    teams = await node.tenancy.teams()
     return [_team_out(t) for t in teams if caller.operator or t.team_id == caller.team_id]
 
 
@@ -137,8 +137,8 @@ async def delete_team(team_id: str, node: NodeDep, caller: OperatorDep) -> Respo
 
 @router.get("/api-keys", response_model=list[KeyOut])
 async def list_keys(node: NodeDep, caller: CallerDep) -> list[KeyOut]:
-    return [_key_out(r) for r in node.tenancy.credentials(caller.team_id,
-                                                         CredentialKind.API_KEY)]
+    return [_key_out(r) for r in await node.tenancy.credentials(caller.team_id,
+                                                               CredentialKind.API_KEY)]
 
 
 @router.post("/api-keys", status_code=201, response_model=CreatedKey)
@@ -169,7 +169,7 @@ async def admin_create_key(team_id: str, body: NamedBody, node: NodeDep,
 @router.delete("/admin/teams/{team_id}/api-keys/{api_key_id}", status_code=204)
 async def admin_revoke_key(team_id: str, api_key_id: str, node: NodeDep,
                            caller: OperatorDep) -> Response:
-    node.tenancy.team(team_id)
+    await node.tenancy.team(team_id)
     await node.tenancy.revoke_credential(team_id, api_key_id, CredentialKind.API_KEY)
     return Response(status_code=204)
 

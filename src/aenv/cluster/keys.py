@@ -52,3 +52,28 @@ class Keys:
         """Sorted set: an API key's sandboxes (member = sandbox id, score = when its create
         was committed, in ms), counted against its quota until gone from every roster."""
         return f"{self.prefix}:key:{key_id}:sandboxes"
+
+    @property
+    def teams(self) -> str:
+        """Hash: team id → the team (``TeamRow`` as JSON) (``team_directory.py``)."""
+        return f"{self.prefix}:teams"
+
+    @property
+    def team_names(self) -> str:
+        """Hash: team name → team id (names are unique)."""
+        return f"{self.prefix}:team-names"
+
+    @property
+    def default_team(self) -> str:
+        """String: the default team's id (set once, by the first node)."""
+        return f"{self.prefix}:team-default"
+
+    @property
+    def credentials(self) -> str:
+        """Hash: SHA-256 of a key or token → the credential (``CredentialRow`` as JSON)."""
+        return f"{self.prefix}:credentials"
+
+    @property
+    def credentials_used(self) -> str:
+        """Hash: credential id → its last use (Unix seconds)."""
+        return f"{self.prefix}:credentials-used"

@@ -9,6 +9,9 @@ from aenv.cluster.peer_fetch import PeerBlobs
 from aenv.compose.parts import api_key_for
 from aenv.core.settings import Settings
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.team_directory import LocalDirectory, TeamDirectory
+from aenv.store.sqlite import Store
+from aenv.store.tenancy import TenancyStore
 
 log = logging.getLogger("aenv.compose")
 
@@ -21,6 +24,17 @@ def join_cluster(node: Node, url: str) -> Heartbeat:
     log.info("joining the cluster at %s as node %s (%s)", _redacted(url), heartbeat.node_id,
              heartbeat.address)
     return heartbeat
+
+
+def team_directory(settings: Settings, store: Store) -> TeamDirectory:
+    """Where the node's teams and keys live: its own database, or in cluster mode the
+    cluster's Redis (every node and gateway then sees one directory)."""
+    if not settings.cluster:
+        return LocalDirectory(TenancyStore(store.db))
+    from aenv.cluster.redis_client import connect
+    from aenv.cluster.team_directory import RedisDirectory
+
+    return RedisDirectory(connect(settings.cluster))
 
 
 def join_peers(settings: Settings, heartbeat: Heartbeat) -> PeerBlobs:

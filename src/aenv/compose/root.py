@@ -23,7 +23,7 @@ from functools import partial
 
 from aenv.cluster.peer_fetch import PeerBlobs
 from aenv.compose import parts
-from aenv.compose.cluster import join_cluster, join_peers
+from aenv.compose.cluster import join_cluster, join_peers, team_directory
 from aenv.core.errors import AenvError
 from aenv.core.settings import Settings
 from aenv.network.guest_http import GuestConnector
@@ -138,7 +138,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         volumes=Volumes(settings, VolumeCatalog(repository.store), VolumeImages(settings.home),
                         node_id(settings)),
         audit=AuditTrail(AuditStore(store.db), settings.audit_max_entries),
-        tenancy=Tenancy(TenancyStore(store.db)),
+        tenancy=Tenancy(team_directory(settings, store), TenancyStore(store.db)),
         supervisor=Supervisor(),
         admission=Admission(max_starts=settings.max_concurrent_starts,
                             max_waiting=settings.max_queued_starts,
@@ -182,6 +182,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
     await node.volumes.recover(node.store)
     _closing(stack, "the volumes", node.volumes.release_all)
     _closing(stack, "the audit trail", node.audit.flush)
+    _closing(stack, "the team directory", node.tenancy.directory.close)
     # Templates built before teams become the first team's (the built-in one stays public).
     await node.tenancy.start(parts.api_key_for(settings), adopt_templates=[
         t.template_id for t in await node.template_store.list_templates()

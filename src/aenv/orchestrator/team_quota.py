@@ -155,8 +155,9 @@ class QuotaGate:
             state.tokens += count
 
 
-def team_starts(node: Node, team_id: str | None, *, count: int,
-                memory_mb: int) -> contextlib.AbstractAsyncContextManager[None]:
+@contextlib.asynccontextmanager
+async def team_starts(node: Node, team_id: str | None, *, count: int,
+                      memory_mb: int) -> AsyncIterator[None]:
     """:meth:`QuotaGate.admit` for ``count`` sandboxes of ``memory_mb`` started for the team
     ``team_id`` (None: the default team) on ``node``."""
     tenancy = node.tenancy
@@ -166,5 +167,6 @@ def team_starts(node: Node, team_id: str | None, *, count: int,
         return [r for r in await node.store.list(_HOLDING_DISK)
                 if (r.team_id or tenancy.default_team_id) == key]
 
-    return node.quotas.admit(tenancy.quota_of(team_id), key, records, count=count,
-                             memory_mb=memory_mb, disk_mb=node.settings.disk_size_mb)
+    async with node.quotas.admit(await tenancy.quota_of(team_id), key, records, count=count,
+                                 memory_mb=memory_mb, disk_mb=node.settings.disk_size_mb):
+        yield

@@ -10,9 +10,10 @@ learns nothing of other teams. Who may do what:
   team's key, and also manages teams and the node (``/teams``, ``/node/*``, ``/repository``).
   So an install from before teams keeps working: its key is the first team's.
 
-Keys are stored as SHA-256 digests: a value is shown once, when made. Everything is held in
-memory and written through to SQLite (this process is the database's only writer), so the
-lookup on every call is a dictionary read; a revoked key fails on the next call.
+Keys are stored as SHA-256 digests: a value is shown once, when made. Teams and keys live in
+a directory (``team_directory.py``): the node's SQLite database held in memory, or in cluster
+mode the cluster's Redis, read on every lookup; either way a revoked key fails on the next
+call, on every node.
 
 Ownership: a sandbox's team is in its record, a snapshot's and a volume's in its manifest in
 the repository (so they travel between nodes); a template's is in the ``owned`` table. An
@@ -35,6 +36,7 @@ from enum import StrEnum
 
 from aenv.core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
 from aenv.core.ids import new_api_key
+from aenv.orchestrator.team_directory import TeamDirectory
 from aenv.orchestrator.team_quota import Quota
 from aenv.store.models import CredentialRow, TeamRow
 from aenv.store.tenancy import TenancyStore
@@ -42,6 +44,8 @@ from aenv.store.tenancy import TenancyStore
 log = logging.getLogger("aenv.orchestrator.tenancy")
 
 DEFAULT_TEAM_NAME = "default"
+#: The ``owned`` row that records that this node's templates from before teams were adopted.
+_ADOPTED = "adopted"
 #: A key's last use is written at most this often (it is kept exact in memory).
 LAST_USED_FLUSH_S = 30.0
 MAX_NAME = 100
@@ -89,49 +93,47 @@ def check_name(name: str, what: str) -> str:
 
 
 class Tenancy:
-    def __init__(self, store: TenancyStore, clock: Callable[[], float] = time.time) -> None:
-        self.store = store
+    def __init__(self, directory: TeamDirectory, owners: TenancyStore,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.directory = directory
+        #: The ``owned`` table (templates: kept per node).
+        self.store = owners
         self.clock = clock
-        self._teams: dict[str, TeamRow] = {}
-        self._credentials: dict[str, CredentialRow] = {}  # by digest
         self._owners: dict[tuple[str, str], str] = {}
         self._used: dict[str, float] = {}  # key id -> last use not yet written
-        self._lock = asyncio.Lock()
         self.default_team_id = ""
 
     # -- start -------------------------------------------------------------------------------
 
     async def start(self, operator_key: str, adopt_templates: Iterable[str] = ()) -> None:
-        """Load everything; make the default team and register ``operator_key`` as its
-        operator credential (replacing an older one: the configured key changed).
-        ``adopt_templates``: template ids from before teams, which become the default team's.
-        """
-        self._teams = {t.team_id: t for t in await self.store.teams()}
-        self._credentials = {c.digest: c for c in await self.store.credentials()}
+        """Load; make the default team (unless the directory has one) and register
+        ``operator_key`` as its operator credential, replacing an older one (the configured
+        key changed). ``adopt_templates``: this node's template ids from before teams, which
+        become the default team's (once: the adoption is recorded)."""
+        await self.directory.start()
         self._owners = {(k, o): t for k, o, t in await self.store.owners()}
-        default = next((t for t in self._teams.values() if t.is_default), None)
-        if default is None:
-            default = TeamRow(str(uuid.uuid4()), DEFAULT_TEAM_NAME, True, self.clock())
-            await self.store.insert_team(default)
-            self._teams[default.team_id] = default
-            for template_id in adopt_templates:
-                await self.claim(Owned.TEMPLATE, template_id, default.team_id)
+        default = await self.directory.ensure_default(
+            TeamRow(str(uuid.uuid4()), DEFAULT_TEAM_NAME, True, self.clock()))
         self.default_team_id = default.team_id
+        if (_ADOPTED, _ADOPTED) not in self._owners:
+            for template_id in adopt_templates:
+                if (Owned.TEMPLATE, template_id) not in self._owners:
+                    await self.claim(Owned.TEMPLATE, template_id, default.team_id)
+            await self.store.set_owner(_ADOPTED, _ADOPTED, default.team_id)
+            self._owners[(_ADOPTED, _ADOPTED)] = default.team_id
         digest = digest_of(operator_key)
-        for old in [c for c in self._credentials.values()
-                    if c.kind == CredentialKind.OPERATOR and c.digest != digest]:
-            await self.store.delete_credential(old.key_id)
-            del self._credentials[old.digest]
-        if digest not in self._credentials:
-            row = _credential_row(default.team_id, CredentialKind.OPERATOR, "operator",
-                                  operator_key, self.clock())
-            await self.store.insert_credential(row)
-            self._credentials[digest] = row
+        for old in await self.directory.credentials(default.team_id):
+            if old.kind == CredentialKind.OPERATOR and old.digest != digest:
+                await self.directory.remove_credential(old)
+        if await self.directory.credential(digest) is None:
+            await self.directory.add_credential(_credential_row(
+                default.team_id, CredentialKind.OPERATOR, "operator", operator_key,
+                self.clock()))
 
     # -- who is asking -----------------------------------------------------------------------
 
-    def resolve(self, value: str, kinds: frozenset[CredentialKind]) -> Caller | None:
-        row = self._credentials.get(digest_of(value))
+    async def resolve(self, value: str, kinds: frozenset[CredentialKind]) -> Caller | None:
+        row = await self.directory.credential(digest_of(value))
         if row is None or row.kind not in kinds:
             return None
         self._used[row.key_id] = self.clock()
@@ -140,14 +142,8 @@ class Tenancy:
 
     async def flush_last_used(self) -> None:
         used, self._used = self._used, {}
-        if not used:
-            return
-        await self.store.set_last_used(used)
-        by_id = {c.key_id: c for c in self._credentials.values()}
-        for key_id, at in used.items():
-            row = by_id.get(key_id)
-            if row is not None:
-                self._credentials[row.digest] = _with_last_used(row, at)
+        if used:
+            await self.directory.record_use(used)
 
     async def run_flush_loop(self) -> None:
         while True:
@@ -156,37 +152,32 @@ class Tenancy:
 
     # -- teams -------------------------------------------------------------------------------
 
-    def teams(self) -> list[TeamRow]:
-        return sorted(self._teams.values(), key=lambda t: t.created_at)
+    async def teams(self) -> list[TeamRow]:
+        return await self.directory.teams()
 
-    def team(self, team_id: str) -> TeamRow:
-        team = self._teams.get(team_id)
+    async def team(self, team_id: str) -> TeamRow:
+        team = await self.directory.team(team_id)
         if team is None:
             raise NotFound(f"team {team_id} not found")
         return team
 
-    def quota_of(self, team_id: str | None) -> Quota:
+    async def quota_of(self, team_id: str | None) -> Quota:
         """The quota of a team (None: the default team)."""
-        team = self._teams.get(team_id or self.default_team_id)
+        team = await self.directory.team(team_id or self.default_team_id)
         return Quota.from_json(team.quota) if team is not None else Quota()
 
     async def set_quota(self, team_id: str, quota: Quota) -> TeamRow:
-        team = self.team(team_id)
+        team = await self.team(team_id)
         raw = None if quota.unlimited else quota.as_json()
-        await self.store.set_quota(team_id, raw)
-        team = self._teams[team_id] = replace(team, quota=raw)
-        return team
+        await self.directory.set_quota(team_id, raw)
+        return replace(team, quota=raw)
 
     async def create_team(self, name: str, quota: Quota | None = None) -> tuple[TeamRow, str]:
         """A new team and its first API key (the value: shown once)."""
         name = check_name(name, "team")
         raw = None if quota is None or quota.unlimited else quota.as_json()
-        async with self._lock:
-            if any(t.name == name for t in self._teams.values()):
-                raise Conflict(f"a team named '{name}' exists")
-            team = TeamRow(str(uuid.uuid4()), name, False, self.clock(), raw)
-            await self.store.insert_team(team)
-            self._teams[team.team_id] = team
+        team = TeamRow(str(uuid.uuid4()), name, False, self.clock(), raw)
+        await self.directory.add_team(team)
         _, value = await self.create_credential(team.team_id, CredentialKind.API_KEY, "default")
         return team, value
 
@@ -194,57 +185,46 @@ class Tenancy:
         """Prerequisites: the team owns nothing (its sandboxes, snapshots, templates and
         volumes deleted first: ``Conflict`` otherwise; ``owns_objects`` says whether it owns
         any of what is not in the ``owned`` table); not the default team."""
-        team = self.team(team_id)
+        team = await self.team(team_id)
         if team.is_default:
             raise FailedPrecondition("the default team cannot be deleted")
         if owns_objects or self.owns_any(team_id):
             raise Conflict(f"team {team_id} still owns sandboxes, snapshots, templates or "
                            "volumes: delete them first")
-        async with self._lock:
-            await self.store.delete_team(team_id)
-            self._teams.pop(team_id, None)
-            for digest in [d for d, c in self._credentials.items() if c.team_id == team_id]:
-                del self._credentials[digest]
+        await self.directory.remove_team(team_id)
 
     # -- credentials -------------------------------------------------------------------------
 
-    def credentials(self, team_id: str, kind: CredentialKind) -> list[CredentialRow]:
-        by_id = {c.key_id: c for c in self._credentials.values()
-                 if c.team_id == team_id and c.kind == kind}
-        for key_id, at in self._used.items():
-            if key_id in by_id:
-                by_id[key_id] = _with_last_used(by_id[key_id], at)
-        return sorted(by_id.values(), key=lambda c: c.created_at)
+    async def credentials(self, team_id: str, kind: CredentialKind) -> list[CredentialRow]:
+        rows = [c for c in await self.directory.credentials(team_id) if c.kind == kind]
+        return [replace(c, last_used=self._used[c.key_id]) if c.key_id in self._used else c
+                for c in rows]
 
     async def create_credential(self, team_id: str, kind: CredentialKind,
                                 name: str) -> tuple[CredentialRow, str]:
-        self.team(team_id)
+        await self.team(team_id)
         name = check_name(name, "key")
         value = new_api_key() if kind == CredentialKind.API_KEY else new_access_token_value()
         row = _credential_row(team_id, kind, name, value, self.clock())
-        await self.store.insert_credential(row)
-        self._credentials[row.digest] = row
+        await self.directory.add_credential(row)
         return row, value
 
-    def _credential(self, team_id: str, key_id: str, kind: CredentialKind) -> CredentialRow:
-        for row in self._credentials.values():
-            if row.key_id == key_id and row.team_id == team_id and row.kind == kind:
+    async def _credential(self, team_id: str, key_id: str,
+                          kind: CredentialKind) -> CredentialRow:
+        for row in await self.directory.credentials(team_id):
+            if row.key_id == key_id and row.kind == kind:
                 return row
         raise NotFound(f"key {key_id} not found")
 
     async def rename_credential(self, team_id: str, key_id: str, kind: CredentialKind,
                                 name: str) -> None:
-        row = self._credential(team_id, key_id, kind)
-        name = check_name(name, "key")
-        await self.store.rename_credential(key_id, name)
-        self._credentials[row.digest] = _renamed(row, name)
+        row = await self._credential(team_id, key_id, kind)
+        await self.directory.rename_credential(row, check_name(name, "key"))
 
     async def revoke_credential(self, team_id: str, key_id: str, kind: CredentialKind) -> None:
-        row = self._credential(team_id, key_id, kind)
-        # Gone from memory first: no call after this line is let in with it.
-        del self._credentials[row.digest]
+        row = await self._credential(team_id, key_id, kind)
         self._used.pop(key_id, None)
-        await self.store.delete_credential(key_id)
+        await self.directory.remove_credential(row)
 
     # -- ownership ---------------------------------------------------------------------------
 
@@ -266,15 +246,11 @@ class Tenancy:
 
     def stamp(self, caller: Caller) -> str | None:
         """The team to write on an object the caller makes: None for the default team, as
-        before teams (each node of a cluster has its own default team id; None is the same
-        everywhere, and an older node reads it too)."""
+        before teams (an older node reads it too)."""
         return None if caller.team_id == self.default_team_id else caller.team_id
 
     def owns_any(self, team_id: str) -> bool:
-        return any(t == team_id for t in self._owners.values())
-
-    def owned_by(self, team_id: str, kind: Owned) -> set[str]:
-        return {o for (k, o), t in self._owners.items() if k == kind and t == team_id}
+        return any(t == team_id and k != _ADOPTED for (k, _), t in self._owners.items())
 
     async def claim(self, kind: Owned, object_id: str, team_id: str) -> None:
         await self.store.set_owner(kind, object_id, team_id)
@@ -294,9 +270,3 @@ def _credential_row(team_id: str, kind: CredentialKind, name: str, value: str,
         masked_prefix=prefix, masked_suffix=value[-4:], created_at=now)
 
 
-def _with_last_used(row: CredentialRow, at: float) -> CredentialRow:
-    return replace(row, last_used=at)
-
-
-def _renamed(row: CredentialRow, name: str) -> CredentialRow:
-    return replace(row, name=name)
