@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from aenv.cli import audit, cluster, copy, doctor, execute, info, sandboxes, shell
+from aenv.cli import audit, cluster, copy, doctor, execute, info, keys, sandboxes, shell, team
 from aenv.cli.auth import app as auth_app
 from aenv.cli.bench import app as bench_app
 from aenv.cli.envd import app as envd_app
@@ -35,7 +35,7 @@ app.add_typer(server_app, name="server")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(template_app, name="template")
 app.add_typer(volume_app, name="volume")
-for group in (sandboxes, shell, execute, copy, info, doctor, cluster, audit):
+for group in (sandboxes, shell, execute, copy, info, doctor, cluster, audit, keys, team):
     group.register(app)
 
 

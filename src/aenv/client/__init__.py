@@ -31,10 +31,12 @@ from aenv.client.errors import (
 )
 from aenv.client.runs import RUN_LABEL
 from aenv.client.sandbox import CommandResult, Sandbox
+from aenv.client.teams import ApiKey, CreatedApiKey, Team, Teams
 from aenv.client.volumes import VolumeEntry, VolumeInfo, Volumes
 
 __all__ = [
     "RUN_LABEL",
+    "ApiKey",
     "AsyncClient",
     "AuditRecord",
     "Backoff",
@@ -44,6 +46,7 @@ __all__ = [
     "CommandFailed",
     "CommandResult",
     "Conflict",
+    "CreatedApiKey",
     "Credentials",
     "Forked",
     "InfrastructureError",
@@ -55,6 +58,8 @@ __all__ = [
     "SandboxTimeout",
     "SnapshotInfo",
     "TaskError",
+    "Team",
+    "Teams",
     "TemplateNotFound",
     "Unauthenticated",
     "Unavailable",

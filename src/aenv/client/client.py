@@ -48,6 +48,7 @@ from aenv.client.errors import (
 )
 from aenv.client.rest import DEFAULT_DEADLINE_S, REQUEST_TIMEOUT_S, NodeApi, RetryPolicy, json_of
 from aenv.client.sandbox import Sandbox, State, sdk_sandbox
+from aenv.client.teams import Teams
 from aenv.client.volumes import Volumes
 
 log = logging.getLogger("aenv.client")
@@ -153,6 +154,11 @@ class AsyncClient:
     def volumes(self) -> Volumes:
         """The node's volumes and their files (docs/volumes.md)."""
         return Volumes(self._api)
+
+    @property
+    def teams(self) -> Teams:
+        """The node's teams and the caller's team's API keys (docs/teams.md)."""
+        return Teams(self._api)
 
     async def audit(self, *, limit: int = 100, object_id: str | None = None,
                     actor: str | None = None, before: int | None = None
