@@ -191,21 +191,20 @@ def test_a_hung_node_is_suspect_then_lost_and_the_other_serves(
                 sbx.kill()
 
 
-def test_sandboxes_count_against_their_api_key(
+def test_sandboxes_count_against_their_team(
         sdk: None, gateway: Service, redis_server: RedisServer) -> None:
-    """What a scheduler's ``--key-quota`` counts: each create through the gateway is added to
-    its key's sandboxes (by a hash of the key, never the key), a kill removes it."""
-    import hashlib
-
+    """What a scheduler's quota counts: each create through the gateway is added to its
+    team's sandboxes (the cluster key is the default team's: by the team's id, never the
+    key), a kill removes it."""
     from redis import Redis
 
-    key_id = hashlib.sha256(API_KEY.encode()).hexdigest()[:16]
     client = Redis.from_url(redis_server.url, decode_responses=True)
     try:
+        team_id = str(client.get(Keys().default_team)).replace("-", "")
         sbx = Sandbox.create(timeout=120)
-        assert client.zscore(Keys().key_sandboxes(key_id), sbx.sandbox_id) is not None
+        assert client.zscore(Keys().key_sandboxes(team_id), sbx.sandbox_id) is not None
         assert not client.keys(f"*{API_KEY}*")
         sbx.kill()
-        assert client.zscore(Keys().key_sandboxes(key_id), sbx.sandbox_id) is None
+        assert client.zscore(Keys().key_sandboxes(team_id), sbx.sandbox_id) is None
     finally:
         client.close()

@@ -67,6 +67,9 @@ class Repo:
     def find(self, name_or_id: str) -> Any:
         return self.snapshots.get(name_or_id)
 
+    def list(self, kind: str | None = "snapshot") -> list[Any]:
+        return [s for s in self.snapshots.values() if s.manifest.kind == kind]
+
     async def lookup(self, name_or_id: str) -> Any:
         return self.snapshots.get(name_or_id)
 
@@ -76,7 +79,8 @@ class Repo:
 
 def _snapshot(snapshot_id: str, kind: str) -> Any:
     return SimpleNamespace(snapshot_id=snapshot_id,
-                           manifest=SimpleNamespace(kind=kind, team_id=None))
+                           manifest=SimpleNamespace(kind=kind, team_id=None, names=[],
+                                                    template_id=snapshot_id))
 
 
 @pytest.fixture

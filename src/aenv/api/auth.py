@@ -5,16 +5,13 @@ request (``request.state.caller``) for the routes, the ownership checks and the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from aenv.core.errors import PermissionDenied, Unauthenticated
-from aenv.orchestrator.tenancy import Caller, CredentialKind, Tenancy
-
-_KEYS = frozenset({CredentialKind.API_KEY, CredentialKind.OPERATOR})
-_OPERATOR = frozenset({CredentialKind.OPERATOR})
-_TOKENS = frozenset({CredentialKind.ACCESS_TOKEN})
+from aenv.orchestrator.tenancy import Caller, Tenancy, presented
 
 
 def tenancy_of(request: Request) -> Tenancy:
@@ -24,24 +21,14 @@ def tenancy_of(request: Request) -> Tenancy:
 
 async def identify(request: Request) -> Caller:
     tenancy = tenancy_of(request)
-    headers = request.headers
-    key = headers.get("x-api-key")
-    admin = headers.get("x-admin-token")
-    bearer = headers.get("authorization", "")
-    if key is not None:
-        caller = await tenancy.resolve(key, _KEYS)
-    elif admin is not None:
-        caller = await tenancy.resolve(admin, _OPERATOR)
-        team = headers.get("x-team-id")
-        if caller is not None and team:
-            caller = Caller(team_id=(await tenancy.team(team)).team_id, key_id=caller.key_id,
-                            key_name=caller.key_name, operator=True)
-    elif bearer.lower().startswith("bearer "):
-        caller = await tenancy.resolve(bearer[7:].strip(), _TOKENS)
-    else:
+    given = presented(request.headers)
+    if given is None:
         raise Unauthenticated("missing X-API-KEY header")
+    caller = await tenancy.resolve(given.value, given.kinds)
     if caller is None:
         raise Unauthenticated("invalid API key")
+    if given.as_team:
+        caller = replace(caller, team_id=(await tenancy.team(given.as_team)).team_id)
     request.state.caller = caller
     return caller
 

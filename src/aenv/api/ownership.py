@@ -75,9 +75,17 @@ async def require_template(node: Node, caller: Caller, name: str, *, manage: boo
                 or (not manage and sees_template(tenancy, caller, record))):
             raise NotFound(f"template '{name}' not found")
         return
-    snapshot = node.repository.find(base)
-    if (snapshot is not None and snapshot.manifest.kind == "snapshot"
-            and not tenancy.is_team(caller, snapshot.manifest.team_id)):
+    # A snapshot (committed by any node sharing the repository: looked up, not only found in
+    # this node's index), or a template another node built (its image names its team).
+    snapshot = await node.repository.lookup(base)
+    if snapshot is not None and snapshot.manifest.kind == "snapshot":
+        if not tenancy.is_team(caller, snapshot.manifest.team_id):
+            raise NotFound(f"template '{name}' not found")
+        return
+    images = [s for s in node.repository.list(kind="template")
+              if base in s.manifest.names or s.manifest.template_id == base]
+    team = images[0].manifest.team_id if images else None
+    if team is not None and team != caller.team_id:
         raise NotFound(f"template '{name}' not found")
 
 

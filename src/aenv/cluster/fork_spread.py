@@ -38,7 +38,7 @@ Send = Callable[[str, str, str, object], Awaitable[httpx.Response]]
 
 async def spread(send: Send, scheduler: SchedulerClient, *,
                  parent_id: str, parent_node: tuple[str, str], entries: list[dict[str, Any]],
-                 timeout: int | None, key: str | None = None
+                 timeout: int | None, key: str | None = None, quota: int | None = None
                  ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """``entries`` (the node's answer) with its 429 entries replaced by children on other
     nodes where there is room; the (sandbox id, node id) of each child made here."""
@@ -59,7 +59,8 @@ async def spread(send: Send, scheduler: SchedulerClient, *,
     snapshot_id = snap.json()["snapshotID"]
     body = child_body(parent.json(), snapshot_id, timeout)
     placed = await scheduler.place(templateID=snapshot_id, snapshotID=snapshot_id,
-                                   count=len(full), spread=True, exclude=[node_id], key=key)
+                                   count=len(full), spread=True, exclude=[node_id], key=key,
+                                   **({"quota": quota} if quota else {}))
     if isinstance(placed, Response):
         return entries, []  # the node's own answer stands: its children, and its 429s
     made: list[tuple[str, str]] = []

@@ -31,8 +31,12 @@ Limits (``edge/limits.py``, docs/limits.md): the control plane's bodies are held
 ``proxy_max_body_bytes``; heads, header-read timeouts and slow connections per client are
 bounded by the protocol ``aenv gateway`` serves with (``edge/protocol.py``).
 
-API keys: the gateway checks ``X-API-KEY`` on the control plane against the cluster's key
-(the nodes' own), before it reserves anything; the node checks it again.
+API keys: the gateway checks the caller's credential on the control plane before it
+reserves anything — the cluster's key (the nodes' operator key), or a team's key or token in
+the cluster's team directory in Redis (``team_directory.py``, docs/teams.md), read on every
+call so a revoked key is refused at once. Reservations are counted per team, against the
+team's ``maxSandboxes`` cluster-wide (the scheduler's quota). The node checks the key again,
+and which objects are the team's.
 """
 
 from __future__ import annotations
@@ -62,10 +66,13 @@ from aenv.cluster.cache import Binding, ClusterCache
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
 from aenv.cluster.scheduler_client import SchedulerClient
+from aenv.cluster.team_directory import RedisDirectory
 from aenv.edge.errors import error_body
 from aenv.edge.limits import BodyLimits, guard, is_upload
+from aenv.orchestrator.tenancy import digest_of, presented
 from aenv.proxy import errors as proxy_errors
 from aenv.proxy.routing import Target, route
+from aenv.store.models import TeamRow
 
 #: Placements tried for one create before the gateway gives up with the node's 429.
 CREATE_ATTEMPTS = 3
@@ -86,6 +93,7 @@ class Gateway:
         self.http = forward.client()
         self.scheduler = SchedulerClient(self.http, scheduler_url)
         self.cache = ClusterCache(redis, self.keys)
+        self.directory = RedisDirectory(redis, self.keys)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -112,7 +120,7 @@ class Gateway:
         if path.startswith("/volumecontent/"):
             # Authorised by the volume's token, which any node checks (api/volume_tokens.py).
             return await self._to_any(request)
-        if not self._authorized(request):
+        if not await self._authorized(request):
             return error_body(401, "missing or invalid X-API-KEY")
         if path in _LIST_PATHS and request.method == "POST":
             return await self._create(request)
@@ -131,11 +139,25 @@ class Gateway:
             return answer
         return await self._to_any(request)
 
-    def _authorized(self, request: Request) -> bool:
+    async def _authorized(self, request: Request) -> bool:
+        """Whether the credential is the cluster's or a team's; the team (for its quota)
+        is kept on ``request.state``."""
+        request.state.team = None
         if self.api_key is None:
             return True
-        given = request.headers.get("x-api-key", "")
-        return secrets.compare_digest(given.encode(), self.api_key.encode())
+        given = presented(request.headers)
+        if given is None:
+            return False
+        if secrets.compare_digest(given.value.encode(), self.api_key.encode()):
+            team_id = given.as_team or await self.directory.default_team_id()
+        else:
+            row = await self.directory.credential(digest_of(given.value))
+            if row is None or row.kind not in given.kinds:
+                return False
+            team_id = given.as_team if given.as_team and row.kind == "operator" \
+                else row.team_id
+        request.state.team = await self.directory.team(team_id) if team_id else None
+        return True
 
     # -- routing ----------------------------------------------------------------------------
 
@@ -244,7 +266,8 @@ class Gateway:
         entries, made = await fork_spread.spread(
             send, self.scheduler, parent_id=parent_id,
             parent_node=(node.node_id, node.address), entries=entries,
-            timeout=timeout if isinstance(timeout, int) else None, key=key)
+            timeout=timeout if isinstance(timeout, int) else None, key=key,
+            quota=_quota(request).get("quota"))
         for child_id, child_node in made:
             await self._bind(child_id, child_node, 1)
         return JSONResponse(entries, status_code=201)
@@ -305,7 +328,8 @@ class Gateway:
         answer: Response | None = None
         for _ in range(CREATE_ATTEMPTS):
             placed = await self.scheduler.place(templateID=template, exclude=exclude,
-                                                key=_key_id(request), volumes=volumes)
+                                                key=_key_id(request), volumes=volumes,
+                                                **_quota(request))
             if isinstance(placed, Response):
                 return placed
             [placement] = placed
@@ -371,9 +395,20 @@ class Gateway:
 
 
 def _key_id(request: Request) -> str:
-    """The id of the caller's API key for its quota: a hash, never the key itself."""
+    """What the caller's quota is counted under: its team (the hex of its id), or in a
+    cluster without keys a hash of what it sent (never the key itself)."""
+    team: TeamRow | None = getattr(request.state, "team", None)
+    if team is not None:
+        return team.team_id.replace("-", "")
     given = request.headers.get("x-api-key", "")
     return hashlib.sha256(given.encode()).hexdigest()[:16]
+
+
+def _quota(request: Request) -> dict[str, int]:
+    """The team's cluster-wide quota of sandboxes for the scheduler, if it has one."""
+    team: TeamRow | None = getattr(request.state, "team", None)
+    limit = (team.quota or {}).get("maxSandboxes") if team is not None else None
+    return {"quota": int(limit)} if limit else {}
 
 
 def _order(item: dict[str, object]) -> tuple[float, str]:

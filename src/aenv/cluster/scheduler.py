@@ -67,6 +67,8 @@ class PlacementRequest(BaseModel):
                             description="the caller's API key id, for its quota")
     volumes: list[str] = Field(default_factory=list, max_length=64,
                                description="names of the volumes the sandbox mounts")
+    quota: int | None = Field(None, ge=1, description="the caller's team's quota of "
+                              "sandboxes, as the gateway read it (None: --key-quota)")
 
     def want(self) -> placement.Want:
         return placement.Want(
@@ -128,11 +130,12 @@ def create_app(redis: Redis, keys: Keys | None = None, *, key_quota: int = 0) ->
                                            "heartbeat)")
         want = body.want()
         needed, grants, over_quota = body.count, [], False
+        quota = body.quota if body.quota is not None else key_quota
         for node in placement.candidates(nodes, want, now):
             grant = await reserve.reserve(
                 redis, keys, node.node_id, uuid.uuid4().hex, needed,
                 fresh_s=SUSPECT_AFTER_S, partial=body.spread, key_id=body.key,
-                quota=key_quota)
+                quota=quota)
             over_quota = over_quota or grant.reason == "quota"
             if grant.count:
                 grants.append((node, grant))
@@ -144,7 +147,7 @@ def create_app(redis: Redis, keys: Keys | None = None, *, key_quota: int = 0) ->
                 await reserve.cancel(redis, keys, grant.reservation_id)
             if over_quota:
                 return _refusal(429, QUOTA_EXCEEDED,
-                                f"this API key holds its quota of {key_quota} sandboxes "
+                                f"this API key holds its quota of {quota} sandboxes "
                                 "(running, paused or starting); kill some first",
                                 FULL_RETRY_AFTER_S)
             return _refusal(429, CLUSTER_FULL,

@@ -66,6 +66,10 @@ class RedisDirectory:
         raw = await self.redis.hget(self.keys.teams, team_id)
         return _team(raw) if raw else None
 
+    async def default_team_id(self) -> str | None:
+        found = await self.redis.get(self.keys.default_team)
+        return str(found) if found else None
+
     async def ensure_default(self, candidate: TeamRow) -> TeamRow:
         script = self.redis.register_script(_ENSURE_DEFAULT)
         team_id = await script(keys=[self.keys.teams, self.keys.team_names,

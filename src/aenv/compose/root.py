@@ -199,6 +199,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         "volume-release": node.volumes.run_release_loop,
         "audit": node.audit.run_flush_loop,
         "key-use": node.tenancy.run_flush_loop,
+        "team-directory": node.tenancy.run_repair_loop,
     }
     if settings.gc_interval_s:
         loops["gc"] = partial(run_gc_loop, node)

@@ -30,7 +30,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -48,6 +48,8 @@ DEFAULT_TEAM_NAME = "default"
 _ADOPTED = "adopted"
 #: A key's last use is written at most this often (it is kept exact in memory).
 LAST_USED_FLUSH_S = 30.0
+#: How often the directory is checked for a lost default team or operator credential.
+REPAIR_S = 10.0
 MAX_NAME = 100
 
 
@@ -76,6 +78,35 @@ class Caller:
     operator: bool = False
 
 
+_KEYS = frozenset({CredentialKind.API_KEY, CredentialKind.OPERATOR})
+_OPERATOR = frozenset({CredentialKind.OPERATOR})
+_TOKENS = frozenset({CredentialKind.ACCESS_TOKEN})
+
+
+@dataclass(frozen=True)
+class Presented:
+    """The credential a request carries: ``X-API-KEY`` (a team's key or the operator key),
+    E2B's ``X-Admin-Token`` (the operator key; ``X-Team-ID`` names the team it acts for), or
+    ``Authorization: Bearer`` (an access token)."""
+
+    value: str
+    kinds: frozenset[CredentialKind]
+    as_team: str | None = None
+
+
+def presented(headers: Mapping[str, str]) -> Presented | None:
+    key = headers.get("x-api-key")
+    if key is not None:
+        return Presented(key, _KEYS)
+    admin = headers.get("x-admin-token")
+    if admin is not None:
+        return Presented(admin, _OPERATOR, headers.get("x-team-id") or None)
+    bearer = headers.get("authorization", "")
+    if bearer.lower().startswith("bearer "):
+        return Presented(bearer[7:].strip(), _TOKENS)
+    return None
+
+
 def digest_of(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
@@ -102,6 +133,9 @@ class Tenancy:
         self._owners: dict[tuple[str, str], str] = {}
         self._used: dict[str, float] = {}  # key id -> last use not yet written
         self.default_team_id = ""
+        #: The operator credential, known without the directory: the node's own key works
+        #: even while the cluster's Redis is down or was wiped.
+        self._operator: CredentialRow | None = None
 
     # -- start -------------------------------------------------------------------------------
 
@@ -125,15 +159,38 @@ class Tenancy:
         for old in await self.directory.credentials(default.team_id):
             if old.kind == CredentialKind.OPERATOR and old.digest != digest:
                 await self.directory.remove_credential(old)
-        if await self.directory.credential(digest) is None:
-            await self.directory.add_credential(_credential_row(
-                default.team_id, CredentialKind.OPERATOR, "operator", operator_key,
-                self.clock()))
+        self._operator = await self.directory.credential(digest)
+        if self._operator is None:
+            self._operator = _credential_row(default.team_id, CredentialKind.OPERATOR,
+                                             "operator", operator_key, self.clock())
+            await self.directory.add_credential(self._operator)
+
+    async def repair(self) -> None:
+        """Put the default team and the operator credential back if the directory lost them
+        (a cluster's Redis wiped): with the same id, so every node agrees on it again."""
+        if self._operator is None:
+            return
+        team = await self.directory.team(self.default_team_id)
+        if team is None:
+            team = await self.directory.ensure_default(TeamRow(
+                self.default_team_id, DEFAULT_TEAM_NAME, True, self.clock()))
+            log.warning("the team directory had lost its default team: put back as %s",
+                        team.team_id)
+        if await self.directory.credential(self._operator.digest) is None:
+            await self.directory.add_credential(self._operator)
+
+    async def run_repair_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REPAIR_S)
+            await self.repair()
 
     # -- who is asking -----------------------------------------------------------------------
 
     async def resolve(self, value: str, kinds: frozenset[CredentialKind]) -> Caller | None:
-        row = await self.directory.credential(digest_of(value))
+        digest = digest_of(value)
+        operator = self._operator
+        row = (operator if operator is not None and operator.digest == digest
+               else await self.directory.credential(digest))
         if row is None or row.kind not in kinds:
             return None
         self._used[row.key_id] = self.clock()

@@ -1,0 +1,120 @@
+"""Two teams on a three-node cluster with two schedulers and two gateways (``layout.py``: real
+Redis, real S3 server, each node in a network namespace of its own; the fake runtime, since
+what is checked is the door, not the sandboxes). Teams and keys live in the cluster's Redis
+(docs/teams.md, "Cluster"): a team made through one gateway works on every node; a second
+team reaches nothing of the first's through any route of a gateway; a key revoked through
+one gateway is refused by every node and gateway at the next call; a team's quota holds
+cluster-wide under 40 concurrent creates across both gateways."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.cluster.layout import Layout, cluster_layout
+from tests.server.harness import API_KEY
+from tests.tenancy_walk import make_objects, walk
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+QUOTA = 5
+
+
+@pytest.fixture(scope="module")
+def lay() -> Iterator[Layout]:
+    with cluster_layout(runtime="fake", net_pool_size="2", warm_pool_size="0",
+                        max_sandboxes="20", max_concurrent_starts="8",
+                        max_queued_starts="64") as layout:
+        yield layout
+
+
+def _client(url: str, key: str) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"X-API-KEY": key}, timeout=60)
+
+
+def _team(lay: Layout, name: str, quota: dict[str, Any] | None = None) -> dict[str, Any]:
+    with _client(lay.gateways[0].url, API_KEY) as op:
+        made = op.post("/teams", json={"name": name, **({"quota": quota} if quota else {})})
+    assert made.status_code == 201, made.text
+    team: dict[str, Any] = made.json()
+    return team
+
+
+def test_a_team_made_through_one_gateway_works_everywhere_and_revokes_everywhere(
+        lay: Layout) -> None:
+    team = _team(lay, "everywhere")
+    every = [*(n.url for n in lay.nodes), *(g.url for g in lay.gateways)]
+    with _client(lay.gateways[1].url, team["apiKey"]) as t:
+        second = t.post("/api-keys", json={"name": "rollouts"}).json()
+    for url in every:
+        with _client(url, second["key"]) as c:
+            assert c.get("/v2/sandboxes").status_code == 200, url
+    with _client(lay.gateways[0].url, team["apiKey"]) as t:
+        assert t.delete(f"/api-keys/{second['id']}").status_code == 204
+    # At once: no node or gateway lets it in again.
+    for url in every:
+        with _client(url, second["key"]) as c:
+            assert c.get("/v2/sandboxes").status_code == 401, url
+    # Its last use is the cluster's, whichever node saw it.
+    with _client(lay.nodes[2].url, team["apiKey"]) as t:
+        assert {k["name"] for k in t.get("/api-keys").json()} == {"default"}
+    with _client(lay.gateways[1].url, API_KEY) as op:
+        names = [t["name"] for t in op.get("/teams").json()]
+        assert names.count("default") == 1 and "everywhere" in names
+
+
+def test_a_second_team_reaches_nothing_of_the_first_through_a_gateway(lay: Layout) -> None:
+    gateway = lay.gateways[0].url
+    with _client(gateway, API_KEY) as a:
+        made = a.post("/sandboxes", json={"templateID": "base", "timeout": 300})
+        assert made.status_code == 201, made.text
+        sandbox = made.json()
+        ids, secrets = make_objects(a, sandbox["sandboxID"], sandbox["envdAccessToken"] or "",
+                                    tag="ca")
+        spec = a.get("/openapi.json").json()
+    team_b = _team(lay, "cluster-b")
+    with _client(lay.gateways[1].url, team_b["apiKey"]) as b:
+        assert walk(b, spec, ids, secrets, team_b["teamID"]) >= 50
+        # And straight to every node, past the gateways.
+    for node in lay.nodes:
+        with _client(node.url, team_b["apiKey"]) as b:
+            assert b.get(f"/sandboxes/{sandbox['sandboxID']}").status_code == 404
+            assert b.delete(f"/volumes/{ids['volume_id']}").status_code == 404
+            assert ids["snapshot_id"] not in b.get("/snapshots").text
+    with _client(gateway, API_KEY) as a:
+        assert a.get(f"/sandboxes/{sandbox['sandboxID']}").json()["state"] == "running"
+        assert a.delete(f"/sandboxes/{sandbox['sandboxID']}").status_code == 204
+
+
+async def _creates(urls: list[str], key: str, count: int) -> list[httpx.Response]:
+    clients = [httpx.AsyncClient(base_url=u, headers={"X-API-KEY": key}, timeout=120)
+               for u in urls]
+    try:
+        return list(await asyncio.gather(*(
+            clients[i % len(clients)].post("/sandboxes", json={"templateID": "base",
+                                                              "timeout": 300})
+            for i in range(count))))
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def test_a_team_quota_holds_across_the_cluster_under_forty_creates(lay: Layout) -> None:
+    team = _team(lay, "capped", {"maxSandboxes": QUOTA})
+    answers = asyncio.run(_creates([g.url for g in lay.gateways], team["apiKey"], 40))
+    started = [a.json()["sandboxID"] for a in answers if a.status_code == 201]
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(started) == QUOTA and len(refused) == 40 - QUOTA, \
+        sorted(a.status_code for a in answers)
+    assert all(a.headers.get("Retry-After") for a in refused)
+    with _client(lay.gateways[1].url, team["apiKey"]) as t:
+        assert sorted(s["sandboxID"] for s in t.get("/v2/sandboxes").json()) == sorted(started)
+        assert t.delete(f"/sandboxes/{started[0]}").status_code == 204
+    again = asyncio.run(_creates([g.url for g in lay.gateways], team["apiKey"], 4))
+    assert sorted(a.status_code for a in again) == [201, 429, 429, 429]
+    # Another team is not held by this one's quota.
+    other = asyncio.run(_creates([lay.gateways[0].url], API_KEY, 3))
+    assert [a.status_code for a in other] == [201, 201, 201]
