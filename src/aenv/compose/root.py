@@ -102,6 +102,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         low=min(max(1, settings.net_pool_size // 2), settings.net_pool_size),
         high=settings.net_pool_size,
         first_index=settings.net_first_index, last_index=settings.net_last_index,
+        resolvers=settings.egress_resolvers,
     ))
     guests = GuestConnector()
     _closing(stack, "the guest connections", guests.aclose)

@@ -52,3 +52,13 @@ class EgressPolicy:
     allow_out: tuple[str, ...] = ()
     #: Never reachable (``0.0.0.0/0`` denies everything ``allow_out`` does not name).
     deny_out: tuple[str, ...] = ()
+    #: Domain names (``api.example.com``, ``*.example.com``) allowed / denied by name for
+    #: HTTP and HTTPS, matched on the request's Host or TLS SNI by the node's egress proxy
+    #: (network/egress_proxy.py). An allowed name wins over any denied address or name.
+    allow_domains: tuple[str, ...] = ()
+    deny_domains: tuple[str, ...] = ()
+
+    @property
+    def by_name(self) -> bool:
+        """Whether the slot's HTTP, HTTPS and DNS go through the node's egress proxy."""
+        return bool(self.allow_domains or self.deny_domains)

@@ -215,6 +215,11 @@ class Settings(BaseSettings):
     net_last_index: int = Field(default=30_000, ge=1, le=65_000)
     """Last network slot index this node may use."""
 
+    egress_resolvers: tuple[str, ...] = ()
+    """DNS servers the node's egress proxy resolves the names of sandboxes with domain rules
+    with (``network.allowOut`` / ``denyOut`` naming domains; docs/security.md). Empty: the
+    host's ``/etc/resolv.conf``."""
+
     layers_dir: Path | None = None
     """Where template layers live. Unset: ``<home>/layers``. Several homes may share one."""
 

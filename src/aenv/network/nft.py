@@ -23,6 +23,14 @@ makes three things non-obvious, each solved by a part of the table:
   invalid packets towards guests are dropped in ``host_out``. Sockets the host opens to a guest
   bind to the veth (``SO_BINDTODEVICE``) and are unaffected.
 
+* **Names need a proxy.** A slot whose policy names domains is in ``intercepted``: its TCP 80
+  and 443 and its DNS (UDP 53, to any server) are sent (DNAT) to the node's egress proxy on
+  the slot's gateway address, which decides on the Host header, the TLS SNI or the query
+  name. These connections are in zone ``n`` in *both* directions (``guest_raw``), like the
+  guest's traffic to the host, so the proxy's replies (locally generated, from a socket bound
+  to the slot's veth) find their connection and are un-NATed. A guest cannot reach the
+  proxy's ports but through the DNAT (``guest_to_host`` accepts only DNATed connections).
+
 Isolation: a guest reaches nothing on the host but replies to the host's own connections; no
 guest reaches another (forward between veths is dropped; other slots' return addresses are in
 ``never``); nothing outside may open a connection to a guest; guests have no IPv6 and cannot
@@ -74,6 +82,12 @@ INTERNAL = (
 )
 #: Default range of the slots' return addresses (RFC 2544 benchmarking: nothing real uses it).
 RETURN_NET = "198.18.0.0/15"
+#: Where a slot in ``intercepted`` has its HTTP, HTTPS and DNS sent: the node's egress proxy
+#: (network/egress_proxy.py), listening on the slot's own veth (so these ports serve every
+#: slot, one listener each, and two nodes on one machine never collide).
+PROXY_HTTP_PORT = 49080
+PROXY_TLS_PORT = 49443
+PROXY_DNS_PORT = 49053
 
 
 def chain_of(index: int) -> str:
@@ -99,6 +113,7 @@ def render_table(*, return_net: str = RETURN_NET, internal: Iterable[str] = INTE
     {_interval_set("never", [*NEVER, return_net])}
     {_interval_set("internal", internal)}
     set node_nets {{ type ipv4_addr; flags interval; }}
+    set intercepted {{ type ifname; }}
 
     chain guest_raw {{
         type filter hook prerouting priority raw; policy accept;
@@ -106,6 +121,8 @@ def render_table(*, return_net: str = RETURN_NET, internal: Iterable[str] = INTE
         meta nfproto != ipv4 drop
         ip saddr != {GUEST_IP} drop
         ip daddr {GATEWAY_IP} ct zone set iifname map @zone_of_if return
+        iifname @intercepted tcp dport {{ 80, 443 }} ct zone set iifname map @zone_of_if return
+        iifname @intercepted udp dport 53 ct zone set iifname map @zone_of_if return
         ct original zone set iifname map @zone_of_if
     }}
     chain host_raw {{
@@ -134,7 +151,17 @@ def render_table(*, return_net: str = RETURN_NET, internal: Iterable[str] = INTE
     }}
     chain guest_to_host {{
         ct state established,related accept
+        iifname @intercepted ct status dnat tcp dport {{ {PROXY_HTTP_PORT}, {PROXY_TLS_PORT} }} \
+            accept
+        iifname @intercepted ct status dnat udp dport {PROXY_DNS_PORT} accept
         drop
+    }}
+    chain intercept {{
+        type nat hook prerouting priority dstnat; policy accept;
+        iifname != @intercepted return
+        tcp dport 80 dnat ip to {GATEWAY_IP}:{PROXY_HTTP_PORT}
+        tcp dport 443 dnat ip to {GATEWAY_IP}:{PROXY_TLS_PORT}
+        udp dport 53 dnat ip to {GATEWAY_IP}:{PROXY_DNS_PORT}
     }}
     chain forward {{
         type filter hook forward priority filter; policy accept;
@@ -241,6 +268,7 @@ def remove_slot_script(entry: SlotEntry) -> str:
     chain = chain_of(entry.index)
     return (
         add_slot_script(entry, None)
+        + "".join(line + "\n" for line in _intercept_lines(entry.index, False))
         + f'delete element {QUALIFIED} egress_of_if {{ "{entry.ifname}" }}\n'
         + f"delete element {QUALIFIED} return_of_zone {{ {entry.index} }}\n"
         + f'delete element {QUALIFIED} zone_of_if {{ "{entry.ifname}" }}\n'
@@ -254,12 +282,20 @@ def _policy_lines(index: int, policy: EgressPolicy) -> list[str]:
     return [
         f"flush chain {QUALIFIED} {chain}",
         *(f"add rule {QUALIFIED} {chain} {rule}" for rule in policy_rules(policy)),
+        *_intercept_lines(index, policy.by_name),
     ]
 
 
 def policy_script(index: int, policy: EgressPolicy) -> str:
     """Commands that replace slot ``index``'s egress rules, atomically."""
     return "\n".join([f"add chain {QUALIFIED} {chain_of(index)}", *_policy_lines(index, policy)])
+
+
+def _intercept_lines(index: int, on: bool) -> list[str]:
+    element = f'{{ "{HOST_IF_PREFIX}{index}" }}'
+    add = f"add element {QUALIFIED} intercepted {element}"
+    # Removal is idempotent the nft 1.0.6 way: add, then delete.
+    return [add] if on else [add, f"delete element {QUALIFIED} intercepted {element}"]
 
 
 @dataclass

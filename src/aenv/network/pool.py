@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from aenv.core.errors import AenvError, Internal, InvalidArgument, NotFound, ResourceExhausted
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import nft, node_nets, slots
+from aenv.network.egress_proxy import EgressProxy, Resolver
 
 log = logging.getLogger("aenv.network")
 
@@ -63,6 +64,9 @@ class NetConfig:
     default_egress: EgressPolicy = field(default_factory=EgressPolicy)
     #: How often the node's own networks are read again (node_nets.py).
     node_nets_refresh_s: float = 5.0
+    #: DNS servers the egress proxy resolves names with (egress_proxy.py); empty: the
+    #: host's resolv.conf.
+    resolvers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.low <= self.high:
@@ -96,6 +100,10 @@ class SlotPool:
         #: What this pool last wrote into ``node_nets`` (None: nothing yet).
         self._node_nets: tuple[node_nets.Network, ...] | None = None
         self._table_fresh = False
+        #: Domain rules (HTTP Host, TLS SNI, DNS) of the slots whose policy names domains.
+        self.proxy = EgressProxy(
+            Resolver(self.config.resolvers), never=nft.NEVER, internal=self.config.internal,
+            node_nets=lambda: [str(n) for n in self._node_nets or ()])
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -129,6 +137,7 @@ class SlotPool:
         Leased slots stay: their sandboxes outlive the server process and are adopted by the
         next one.
         """
+        await self.proxy.close()
         tasks = [t for t in (self._refill_task, self._node_nets_task) if t is not None]
         self._refill_task = self._node_nets_task = None
         for task in tasks:
@@ -166,6 +175,7 @@ class SlotPool:
         try:
             if policy is not None and policy != self.config.default_egress:
                 await self._apply(nft.policy_script(slot.index, policy))
+                await self.proxy.apply(slot, policy)
         except BaseException:
             await asyncio.shield(self.release(slot))
             raise
@@ -186,6 +196,7 @@ class SlotPool:
             log.warning("ignored a stale release of slot %d", slot.index)
             return
         self._leased.pop(slot.index, None)
+        self.proxy.detach(slot.index)
         await self._destroy(slot.index)
 
     async def adopt(self, slot: NetSlot, policy: EgressPolicy | None = None) -> None:
@@ -206,6 +217,8 @@ class SlotPool:
             log.warning("slot %d adopted into a recreated nft table: default egress", slot.index)
             policy = self.config.default_egress
         await self._apply(nft.add_slot_script(self._entry(slot.index), policy))
+        if policy is not None:
+            await self.proxy.apply(slot, policy)
         self._blocked.discard(slot.index)
         self._leased[slot.index] = slot
 
@@ -218,6 +231,8 @@ class SlotPool:
         """
         if slot.index not in self._leased:
             raise InvalidArgument(f"network slot {slot.index} is not leased from this pool")
+        # The proxy first: a slot newly intercepted finds its listeners there.
+        await self.proxy.apply(slot, policy)
         await self._apply(nft.policy_script(slot.index, policy))
 
     async def sweep(self) -> list[int]:

@@ -1,8 +1,12 @@
 """E2B's network options -> the slot's egress policy.
 
 ``allow_internet_access: false`` closes the internet; ``network.allowOut`` / ``denyOut`` name
-IPv4 addresses or CIDRs (``0.0.0.0/0`` in ``denyOut`` denies everything ``allowOut`` does not
-name). Domain names are not supported yet and are refused with a clear error.
+IPv4 addresses, CIDRs and domain names (``api.example.com``, ``*.example.com``). Addresses
+are enforced per packet by nft (network/nft.py); names, for HTTP and HTTPS, by the node's
+egress proxy on the request's Host or TLS SNI, with the sandbox's DNS answered by the node
+(network/egress_proxy.py). An allowed name or address wins (E2B's order). ``dnsServers`` is
+accepted and kept (E2B opens its firewall to them); here every DNS query of a sandbox with
+domain rules is answered by the node, whichever server it is sent to.
 """
 
 from __future__ import annotations
@@ -12,32 +16,59 @@ from typing import Any
 
 from aenv.core.errors import InvalidArgument
 from aenv.core.net import EgressPolicy
+from aenv.network.egress_rules import domain_pattern
+
+#: At most this many entries in allowOut or denyOut.
+MAX_ENTRIES = 1000
 
 
-def _cidrs(value: Any, name: str) -> tuple[str, ...]:
+def _entries(value: Any, name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(addresses and CIDRs, domain patterns) of one list."""
     if value is None:
-        return ()
+        return (), ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise InvalidArgument(f"network.{name} must be a list of IPv4 addresses or CIDRs")
-    out = []
+        raise InvalidArgument(f"network.{name} must be a list of IPv4 addresses, CIDRs or "
+                              "domain names")
+    if len(value) > MAX_ENTRIES:
+        raise InvalidArgument(f"network.{name} has more than {MAX_ENTRIES} entries")
+    cidrs: list[str] = []
+    domains: list[str] = []
     for entry in value:
         try:
-            net = ipaddress.ip_network(entry, strict=False)
-        except ValueError:
-            raise InvalidArgument(
-                f"network.{name}: {entry!r} is not an IPv4 address or CIDR "
-                "(domain rules are not supported yet)"
-            ) from None
+            pattern = domain_pattern(entry)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"network.{name}: {exc.message}") from None
+        if pattern is not None:
+            domains.append(pattern)
+            continue
+        net = ipaddress.ip_network(entry.strip(), strict=False)
         if net.version != 4:
             raise InvalidArgument(f"network.{name}: {entry!r}: sandboxes have no IPv6 egress")
-        out.append(str(net))
-    return tuple(out)
+        cidrs.append(str(net))
+    return tuple(cidrs), tuple(domains)
+
+
+def _dns_servers(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list) or len(value) > 10 or not all(
+            isinstance(v, str) for v in value):
+        raise InvalidArgument("network.dnsServers must be a list of at most 10 IPv4 addresses")
+    for entry in value:
+        try:
+            ipaddress.IPv4Address(entry)
+        except ValueError:
+            raise InvalidArgument(f"network.dnsServers: {entry!r} is not an IPv4 address"
+                                  ) from None
 
 
 def policy_from(allow_internet_access: bool | None, network: dict[str, Any] | None) -> EgressPolicy:
     network = network or {}
+    allow, allow_domains = _entries(network.get("allowOut"), "allowOut")
+    deny, deny_domains = _entries(network.get("denyOut"), "denyOut")
+    _dns_servers(network.get("dnsServers"))
     return EgressPolicy(
         allow_internet=allow_internet_access is not False,
-        allow_out=_cidrs(network.get("allowOut"), "allowOut"),
-        deny_out=_cidrs(network.get("denyOut"), "denyOut"),
+        allow_out=allow, deny_out=deny,
+        allow_domains=allow_domains, deny_domains=deny_domains,
     )

@@ -1,0 +1,368 @@
+"""The node's egress proxy: domain rules for HTTP, HTTPS and DNS (docs/security.md, "Egress").
+
+A slot whose policy names domains is in nft's ``intercepted`` set (nft.py): its TCP 80 and 443
+and its DNS queries (UDP 53, to whatever server) arrive here, on listeners bound to the slot's
+own veth, one set per slot. What is decided, and on what:
+
+* **HTTP**: the request's ``Host`` header; **HTTPS**: the TLS ClientHello's SNI (the TLS is
+  not terminated: the bytes pass through). A name the policy allows is resolved *here*, by the
+  node's resolver, and the connection goes to that address — never to the address the guest
+  dialled — so a forged Host or SNI reaches only the name it names, and an IP literal of a
+  denied name is judged as an address. No Host or SNI: refused.
+* **DNS**: a query for a name the policy denies, or whose every address it denies, answers
+  NXDOMAIN; others are answered from the node's resolver. A guest asking another server
+  (8.8.8.8, its own) is answered here all the same; DNS over HTTPS is HTTPS to a name.
+
+The policy is read per connection and per query, so ``PUT /network`` applies to the next
+one; connections already spliced keep going. Upstream connections leave from the host, so the
+never-reachable and internal ranges are checked here too (``egress_rules.py``).
+
+Owns: one listener set per intercepted slot. Must not touch: nft (the pool writes the set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import cast
+
+import dns.asyncresolver
+import dns.exception
+import dns.flags
+import dns.message
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
+import dns.resolver
+import dns.rrset
+
+from aenv.core.net import EgressPolicy, NetSlot
+from aenv.network import egress_rules, nft
+
+log = logging.getLogger("aenv.network.egress")
+
+#: A request head or ClientHello larger than this is refused.
+MAX_HEAD = 64 << 10
+#: Time for a guest to send its request head or ClientHello, and for an upstream to answer
+#: the connect.
+FIRST_BYTES_S = 30.0
+CONNECT_S = 10.0
+CHUNK = 64 << 10
+_DENIED = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+           b"Content-Length: %d\r\n\r\n%s")
+
+
+class Resolver:
+    """A names' addresses from the node's resolver (``nameservers``: these servers; empty:
+    the host's resolv.conf)."""
+
+    def __init__(self, nameservers: Iterable[str] = ()) -> None:
+        servers = list(nameservers)
+        self._resolver = dns.asyncresolver.Resolver(configure=not servers)
+        if servers:
+            self._resolver.nameservers = servers
+        self._resolver.lifetime = 5.0
+
+    async def addresses(self, name: str) -> list[str]:
+        try:
+            answer = await self._resolver.resolve(name, "A")
+        except (dns.exception.DNSException, OSError):
+            return []
+        return [r.to_text() for r in answer]
+
+
+_Handler = Callable[["_Slot", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@dataclass
+class _Slot:
+    slot: NetSlot
+    policy: EgressPolicy
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+
+def _bound(ifname: str, kind: int, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, kind)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Bound to the slot's veth: replies go out through it (every guest has one address),
+        # and one port serves every slot, a listener each.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
+        sock.bind(("0.0.0.0", port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class EgressProxy:
+    def __init__(self, resolver: Resolver, *, never: Iterable[str], internal: Iterable[str],
+                 node_nets: Callable[[], Iterable[str]] = tuple) -> None:
+        self.resolver = resolver
+        self._never = tuple(never)
+        self._internal = tuple(internal)
+        self._node_nets = node_nets
+        self._slots: dict[int, _Slot] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- slots ---------------------------------------------------------------------------------
+
+    async def apply(self, slot: NetSlot, policy: EgressPolicy) -> None:
+        """Serve ``slot`` with ``policy`` (listeners made on first use), or stop serving it
+        when the policy names no domain."""
+        if not policy.by_name:
+            self.detach(slot.index)
+            return
+        held = self._slots.get(slot.index)
+        if held is not None:
+            held.policy = policy
+            return
+        held = _Slot(slot, policy)
+        try:
+            for port, handler in ((nft.PROXY_HTTP_PORT, self._http),
+                                  (nft.PROXY_TLS_PORT, self._tls)):
+                sock = _bound(slot.host_ifname, socket.SOCK_STREAM, port)
+                server = await asyncio.start_server(self._accepting(handler, held), sock=sock,
+                                                    limit=MAX_HEAD)
+                held.closers.append(server.close)
+            udp = _bound(slot.host_ifname, socket.SOCK_DGRAM, nft.PROXY_DNS_PORT)
+            transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+                lambda: _Dns(self, held), sock=udp)
+            held.closers.append(transport.close)
+        except BaseException:
+            for close in held.closers:
+                close()
+            raise
+        self._slots[slot.index] = held
+
+    def detach(self, index: int) -> None:
+        held = self._slots.pop(index, None)
+        for close in held.closers if held else ():
+            close()
+
+    async def close(self) -> None:
+        for index in list(self._slots):
+            self.detach(index)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def _address_verdict(self, policy: EgressPolicy, address: str,
+                         named: bool) -> egress_rules.Verdict:
+        return egress_rules.by_address(policy, address, named=named,
+                                       never=(*self._never, *self._node_nets()),
+                                       internal=self._internal)
+
+    async def target(self, policy: EgressPolicy, host: str) -> tuple[str | None, str]:
+        """Where a connection to ``host`` (a name or an IP literal) may go: an address, or
+        None and why not."""
+        host = host.strip().lower().rstrip(".")
+        if _is_ip(host):
+            verdict = self._address_verdict(policy, host, named=False)
+            return (host if verdict.allowed else None), verdict.why
+        by_name = egress_rules.by_name(policy, host)
+        if by_name is not None and not by_name.allowed:
+            return None, by_name.why
+        addresses = await self.resolver.addresses(host)
+        if not addresses:
+            return None, f"{host} does not resolve"
+        reasons = []
+        for address in addresses:
+            verdict = self._address_verdict(policy, address, named=by_name is not None)
+            if verdict.allowed:
+                return address, verdict.why
+            reasons.append(verdict.why)
+        return None, reasons[0]
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _accepting(self, handler: _Handler, held: _Slot) -> Callable[
+            [asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._serve(handler, held, reader, writer)
+        return accepted
+
+    async def _serve(self, handler: _Handler, held: _Slot, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await handler(held, reader, writer)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError, ValueError):
+            pass
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+            writer.close()
+
+    async def _http(self, held: _Slot, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), FIRST_BYTES_S)
+        host = _host_header(head)
+        if host is None:
+            await _refuse_http(writer, "no Host header")
+            return
+        address, why = await self.target(held.policy, host)
+        if address is None:
+            log.info("slot %d: HTTP to %s refused: %s", held.slot.index, host, why)
+            await _refuse_http(writer, why)
+            return
+        await self._splice(held, head, reader, writer, address, 80)
+
+    async def _tls(self, held: _Slot, reader: asyncio.StreamReader,
+                   writer: asyncio.StreamWriter) -> None:
+        header = await asyncio.wait_for(reader.readexactly(5), FIRST_BYTES_S)
+        content_type, _, length = struct.unpack("!BHH", header)
+        if content_type != 22 or length > MAX_HEAD:
+            return
+        record = await asyncio.wait_for(reader.readexactly(length), FIRST_BYTES_S)
+        name = sni_of(record)
+        if name is None:
+            log.info("slot %d: TLS without SNI refused", held.slot.index)
+            return
+        address, why = await self.target(held.policy, name)
+        if address is None:
+            log.info("slot %d: TLS to %s refused: %s", held.slot.index, name, why)
+            return
+        await self._splice(held, header + record, reader, writer, address, 443)
+
+    async def _splice(self, held: _Slot, first: bytes, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter, address: str, port: int) -> None:
+        up_reader, up_writer = await asyncio.wait_for(
+            asyncio.open_connection(address, port), CONNECT_S)
+        try:
+            up_writer.write(first)
+            await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
+        finally:
+            up_writer.close()
+
+
+class _Dns(asyncio.DatagramProtocol):
+    def __init__(self, proxy: EgressProxy, held: _Slot) -> None:
+        self.proxy = proxy
+        self.held = held
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | bytes, int]) -> None:
+        task = asyncio.create_task(self._answer(data, addr))
+        self.proxy._tasks.add(task)
+        task.add_done_callback(self.proxy._tasks.discard)
+
+    async def _answer(self, data: bytes, addr: tuple[str | bytes, int]) -> None:
+        try:
+            query = dns.message.from_wire(data)
+        except dns.exception.DNSException:
+            return
+        response = dns.message.make_response(query)
+        response.flags |= dns.flags.RA
+        if len(query.question) != 1:
+            response.set_rcode(dns.rcode.FORMERR)
+        else:
+            question = query.question[0]
+            name = question.name.to_text(omit_final_dot=True)
+            verdict = egress_rules.by_name(self.held.policy, name)
+            if question.rdtype == dns.rdatatype.A:
+                addresses = await self._allowed(name)
+                if addresses is None:
+                    response.set_rcode(dns.rcode.NXDOMAIN)
+                else:
+                    response.answer.append(dns.rrset.from_text_list(
+                        question.name, 30, dns.rdataclass.IN, dns.rdatatype.A, addresses))
+            elif verdict is not None and not verdict.allowed:
+                response.set_rcode(dns.rcode.NXDOMAIN)
+            # Other types of other names (AAAA: sandboxes have no IPv6): an empty answer.
+        if self.transport is not None:
+            with contextlib.suppress(OSError):
+                self.transport.sendto(response.to_wire(), addr)
+
+    async def _allowed(self, name: str) -> list[str] | None:
+        """The addresses of ``name`` the policy lets the sandbox reach; None: none."""
+        policy = self.held.policy
+        by_name = egress_rules.by_name(policy, name)
+        if by_name is not None and not by_name.allowed:
+            return None
+        found = await self.proxy.resolver.addresses(name)
+        allowed = [a for a in found if self.proxy._address_verdict(
+            policy, a, named=by_name is not None).allowed]
+        return allowed or None
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return False
+    return host.count(".") == 3
+
+
+def _host_header(head: bytes) -> str | None:
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == b"host":
+            host = value.strip().decode("latin-1")
+            if host.startswith("["):
+                return None  # IPv6: sandboxes have none
+            return host.rsplit(":", 1)[0] if ":" in host else host
+    return None
+
+
+async def _refuse_http(writer: asyncio.StreamWriter, why: str) -> None:
+    body = f"aenv: egress refused: {why}\n".encode()
+    writer.write(_DENIED % (len(body), body))
+    with contextlib.suppress(OSError):
+        await writer.drain()
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(CHUNK):
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except OSError:
+        writer.close()
+
+
+def sni_of(record: bytes) -> str | None:
+    """The server name of a TLS ClientHello handshake record's body, or None.
+
+    Written by hand: the standard library parses no ClientHello, and the layout is fixed
+    (RFC 8446 §4.1.2, RFC 6066 §3): handshake type and length, version, random, session id,
+    cipher suites, compression methods, then the extensions, of which server_name (0) holds
+    a list of (type 0: host_name, length, name).
+    """
+    try:
+        if record[0] != 1:  # client_hello
+            return None
+        at = 4 + 2 + 32
+        at += 1 + record[at]  # session id
+        at += 2 + int.from_bytes(record[at:at + 2], "big")  # cipher suites
+        at += 1 + record[at]  # compression methods
+        end = at + 2 + int.from_bytes(record[at:at + 2], "big")
+        at += 2
+        while at + 4 <= end:
+            kind = int.from_bytes(record[at:at + 2], "big")
+            size = int.from_bytes(record[at + 2:at + 4], "big")
+            body = record[at + 4:at + 4 + size]
+            if kind == 0 and len(body) >= 5 and body[2] == 0:
+                length = int.from_bytes(body[3:5], "big")
+                name = body[5:5 + length].decode("ascii")
+                return name.lower().rstrip(".") or None
+            at += 4 + size
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return None

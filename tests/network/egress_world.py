@@ -1,0 +1,134 @@
+"""A small internet for the egress tests, inside the internet peer's network namespace
+(peers.py): two web servers, each on an address of its own and each speaking HTTP on 80 and
+HTTPS on 443 (a certificate made here: the egress proxy passes TLS through, so it is the
+client's to check), and a DNS server that knows their names. Nothing leaves the machine.
+
+Names (``NAMES``): ``allowed.test`` and ``sub.wild.test`` and ``wild.test`` → server A,
+``denied.test`` → server B; anything else is NXDOMAIN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tests.network.peers import InternetPeer, sh
+
+WEB_SERVER = r"""
+import ssl, sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+address, body, cert, key = sys.argv[1], sys.argv[2].encode(), sys.argv[3], sys.argv[4]
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        out = body + b" " + (self.headers.get("Host") or "").encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(out)))
+        self.end_headers(); self.wfile.write(out)
+    def log_message(self, *args):
+        pass
+plain = ThreadingHTTPServer((address, 80), H)
+tls = ThreadingHTTPServer((address, 443), H)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); context.load_cert_chain(cert, key)
+tls.socket = context.wrap_socket(tls.socket, server_side=True)
+threading.Thread(target=tls.serve_forever, daemon=True).start()
+print("ready", flush=True)
+plain.serve_forever()
+"""
+
+DNS_SERVER = r"""
+import socket, sys
+import dns.message, dns.rcode, dns.rrset, dns.rdatatype
+address, table = sys.argv[1], dict(p.split("=") for p in sys.argv[2].split(","))
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); sock.bind((address, 53))
+print("ready", flush=True)
+while True:
+    data, peer = sock.recvfrom(4096)
+    query = dns.message.from_wire(data)
+    answer = dns.message.make_response(query)
+    name = query.question[0].name.to_text(omit_final_dot=True)
+    if name in table and query.question[0].rdtype == dns.rdatatype.A:
+        answer.answer.append(dns.rrset.from_text(query.question[0].name, 60, "IN", "A",
+                                                 table[name]))
+    elif name not in table:
+        answer.set_rcode(dns.rcode.NXDOMAIN)
+    sock.sendto(answer.to_wire(), peer)
+"""
+
+
+@dataclass(frozen=True)
+class World:
+    a_ip: str
+    b_ip: str
+    dns_ip: str
+
+    def names(self) -> dict[str, str]:
+        return {"allowed.test": self.a_ip, "wild.test": self.a_ip,
+                "sub.wild.test": self.a_ip, "denied.test": self.b_ip}
+
+
+def _certificate(directory: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def _start(netns: str, code: str, *args: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{netns}", "--", sys.executable, "-c", code, *args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready", f"{code[:40]} did not start"
+    return process
+
+
+@contextlib.contextmanager
+def egress_world(peer: InternetPeer) -> Iterator[World]:
+    """Servers A and B and the DNS server, on addresses added to ``peer`` for the test."""
+    world = World(a_ip=f"198.51.100.{peer.tag + 64}", b_ip=f"198.51.100.{peer.tag + 192}",
+                  dns_ip=peer.ip)
+    added = [world.a_ip, world.b_ip]
+    processes: list[subprocess.Popen[str]] = []
+    with tempfile.TemporaryDirectory(prefix="aenv-egress-") as scratch:
+        cert, key = _certificate(Path(scratch))
+        try:
+            for address in added:
+                sh("ip", "-n", peer.netns, "addr", "add", f"{address}/32", "dev", "eth0")
+                sh("ip", "route", "replace", f"{address}/32", "via", peer.router_ip,
+                   "dev", peer.host_ifname)
+            processes.append(_start(peer.netns, WEB_SERVER, world.a_ip, "A", str(cert),
+                                    str(key)))
+            processes.append(_start(peer.netns, WEB_SERVER, world.b_ip, "B", str(cert),
+                                    str(key)))
+            table = ",".join(f"{k}={v}" for k, v in world.names().items())
+            processes.append(_start(peer.netns, DNS_SERVER, world.dns_ip, table))
+            yield world
+        finally:
+            for process in processes:
+                process.kill()
+                process.wait()
+            for address in added:
+                sh("ip", "route", "del", f"{address}/32", check=False)
+                sh("ip", "-n", peer.netns, "addr", "del", f"{address}/32", "dev", "eth0",
+                   check=False)

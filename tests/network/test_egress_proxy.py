@@ -1,0 +1,208 @@
+"""Domain rules for egress (network/egress_proxy.py): a slot's guest (Linux's own stack in the
+slot's namespace: fast, and it is the node's side that is tested) reaches real HTTP, HTTPS
+and DNS servers in a namespace standing in for the internet (egress_world.py), resolved by
+a local DNS server; the node's proxy decides on the Host header, the TLS SNI and the query
+name. Allowed and denied names, wildcards, an IP literal of a denied name, a second resolver,
+a forged Host and a forged SNI, DNS, and a live update that keeps an open connection."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+
+from aenv.core.net import EgressPolicy, NetSlot
+from aenv.network.pool import SlotPool
+from aenv.orchestrator.egress import policy_from
+from tests.network.egress_world import World, egress_world
+from tests.network.fixtures import ours, pool_config
+from tests.network.peers import InternetPeer
+
+pytestmark = [pytest.mark.gvisor, pytest.mark.anyio]
+
+#: Run in the guest: each request of argv[1] (JSON), its outcome on one line of JSON.
+CLIENT = r"""
+import json, socket, ssl, sys
+import dns.message, dns.query, dns.rcode, dns.exception
+
+def http(ip, host, port=80, tls=False, keep=None):
+    sock = socket.create_connection((ip, port), timeout=3)
+    if tls:
+        ctx = ssl.create_default_context(); ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        sock = ctx.wrap_socket(sock, server_hostname=host)
+    sock.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(l.split(b":")[1]) for l in head.split(b"\r\n")
+                   if l.lower().startswith(b"content-length")), 0)
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    status = int(head.split(b" ")[1]) if head else 0
+    return sock, status, body.decode(errors="replace")
+
+out = []
+for kind, *args in json.loads(sys.argv[1]):
+    try:
+        if kind == "dns":
+            server, name = args
+            reply = dns.query.udp(dns.message.make_query(name, "A"), server, timeout=3)
+            out.append({"rcode": dns.rcode.to_text(reply.rcode()),
+                        "a": sorted(r.to_text() for rr in reply.answer for r in rr)})
+        else:
+            sock, status, body = http(*args, tls=kind == "https",
+                                      port=443 if kind == "https" else 80)
+            sock.close()
+            out.append({"status": status, "body": body})
+    except (OSError, dns.exception.DNSException) as exc:
+        out.append({"error": type(exc).__name__})
+print(json.dumps(out))
+"""
+
+#: Keeps one HTTP connection open across a policy update: a request, "wait" on stdout, a
+#: line on stdin, a second request on the same connection.
+KEEP = r"""
+import socket, sys
+sock = socket.create_connection((sys.argv[1], 80), timeout=5)
+def ask():
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+    data = b""
+    while not data.endswith(b"A allowed.test"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            return "closed"
+        data += chunk
+    return "ok"
+print(ask(), flush=True)
+sys.stdin.readline()
+print(ask(), flush=True)
+"""
+
+
+async def _guest(slot: NetSlot, requests: list[list[str]]) -> list[dict[str, object]]:
+    child = await asyncio.create_subprocess_exec(
+        "nsenter", f"--net=/run/netns/{slot.netns}", "--", sys.executable, "-c", CLIENT,
+        json.dumps(requests), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == 0, err.decode()
+    result: list[dict[str, object]] = json.loads(out)
+    return result
+
+
+@pytest.fixture(scope="module")
+def world(internet: InternetPeer) -> object:
+    with egress_world(internet) as made:
+        yield made
+
+
+@pytest.fixture
+async def proxied_pool(world: World) -> object:
+    pool = SlotPool(pool_config(resolvers=(world.dns_ip,)))
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        for slot in pool.leased():
+            await pool.release(slot)
+        await pool.close()
+    assert ours() == set(), "a test left network slots behind"
+
+
+def _policy(**network: object) -> EgressPolicy:
+    return policy_from(None, dict(network))
+
+
+async def test_names_decide_http_https_and_dns(proxied_pool: SlotPool, world: World) -> None:
+    policy = _policy(allowOut=["allowed.test", "*.wild.test"], denyOut=["0.0.0.0/0"])
+    slot = await proxied_pool.acquire(policy)
+    a, b = world.a_ip, world.b_ip
+    results = await _guest(slot, [
+        ["http", a, "allowed.test"],                 # 0 allowed by name
+        ["https", a, "allowed.test"],                # 1 allowed by SNI
+        ["http", a, "sub.wild.test"],                # 2 a wildcard's subdomain
+        ["http", a, "wild.test"],                    # 3 not the wildcard's own name
+        ["http", b, "denied.test"],                  # 4 not allowed: the internet is denied
+        ["https", b, "denied.test"],                 # 5 the same over TLS (and DoH to it)
+        ["http", b, b],                              # 6 the IP literal of a denied name
+        ["http", b, "allowed.test"],                 # 7 forged Host: dialled B, reaches A
+        ["https", b, "allowed.test"],                # 8 forged SNI: dialled B, reaches A
+        ["dns", "192.0.2.53", "allowed.test"],       # 9 another resolver: answered by the node
+        ["dns", world.dns_ip, "denied.test"],        # 10 a name it may not reach: NXDOMAIN
+        ["dns", "192.0.2.53", "nowhere.test"],       # 11 an unknown name
+    ])
+    assert results[0] == {"status": 200, "body": "A allowed.test"}, results
+    assert results[1] == {"status": 200, "body": "A allowed.test"}, results
+    assert results[2] == {"status": 200, "body": "A sub.wild.test"}, results
+    assert results[3]["status"] == 403 and "denied" in str(results[3]["body"]), results
+    assert results[4]["status"] == 403, results
+    assert results[5].get("status") != 200 and "B" not in str(results[5]), results
+    assert results[6]["status"] == 403, results
+    assert results[7] == {"status": 200, "body": "A allowed.test"}, results  # never B
+    assert results[8] == {"status": 200, "body": "A allowed.test"}, results
+    assert results[9] == {"rcode": "NOERROR", "a": [a]}, results
+    assert results[10]["rcode"] == "NXDOMAIN", results
+    assert results[11]["rcode"] == "NXDOMAIN", results
+    # Other ports stay with nft: the address rules (0.0.0.0/0 denied) drop them.
+    echo = await _guest(slot, [["dns", world.dns_ip, "allowed.test"]])
+    assert echo[0]["rcode"] == "NOERROR"
+
+
+async def test_deny_by_name_with_the_internet_open(proxied_pool: SlotPool,
+                                                   world: World) -> None:
+    slot = await proxied_pool.acquire(_policy(denyOut=["denied.test"]))
+    results = await _guest(slot, [
+        ["http", world.b_ip, "denied.test"], ["https", world.b_ip, "denied.test"],
+        ["http", world.a_ip, "allowed.test"], ["http", world.b_ip, world.b_ip],
+        ["dns", "192.0.2.53", "denied.test"], ["dns", "192.0.2.53", "allowed.test"],
+    ])
+    assert results[0]["status"] == 403 and results[1].get("status") != 200, results
+    assert results[2] == {"status": 200, "body": "A allowed.test"}, results
+    # An IP literal is judged as an address: the internet is open, so B answers.
+    assert results[3] == {"status": 200, "body": f"B {world.b_ip}"}, results
+    assert results[4]["rcode"] == "NXDOMAIN" and results[5]["a"] == [world.a_ip], results
+
+
+async def test_a_live_update_applies_to_the_next_connection_and_keeps_open_ones(
+        proxied_pool: SlotPool, world: World) -> None:
+    slot = await proxied_pool.acquire(_policy(allowOut=["allowed.test"],
+                                              denyOut=["0.0.0.0/0"]))
+    keep = await asyncio.create_subprocess_exec(
+        "nsenter", f"--net=/run/netns/{slot.netns}", "--", sys.executable, "-c", KEEP,
+        world.a_ip, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert keep.stdout is not None and keep.stdin is not None
+    assert (await asyncio.wait_for(keep.stdout.readline(), 30)).strip() == b"ok"
+    assert (await _guest(slot, [["http", world.b_ip, "denied.test"]]))[0]["status"] == 403
+    await proxied_pool.set_egress(slot, _policy(allowOut=["allowed.test", "denied.test"],
+                                                denyOut=["0.0.0.0/0"]))
+    assert (await _guest(slot, [["http", world.b_ip, "denied.test"]]))[0] == {
+        "status": 200, "body": "B denied.test"}
+    keep.stdin.write(b"go\n")
+    await keep.stdin.drain()
+    assert (await asyncio.wait_for(keep.stdout.readline(), 30)).strip() == b"ok"
+    await keep.wait()
+    # Back to addresses only: nothing is intercepted, the address rules decide alone.
+    await proxied_pool.set_egress(slot, _policy(denyOut=["0.0.0.0/0"]))
+    assert (await _guest(slot, [["http", world.a_ip, "allowed.test"]]))[0] == {
+        "error": "TimeoutError"}
+
+
+def test_policies_parse_names_and_refuse_nonsense() -> None:
+    policy = _policy(allowOut=["API.Example.com.", "*.svc.test", "10.0.0.0/8"],
+                     denyOut=["0.0.0.0/0", "bad.test"])
+    assert policy.allow_domains == ("api.example.com", "*.svc.test")
+    assert policy.allow_out == ("10.0.0.0/8",) and policy.deny_domains == ("bad.test",)
+    assert policy.by_name and not _policy(allowOut=["1.2.3.4"]).by_name
+    from aenv.core.errors import InvalidArgument
+    for bad in (["-x.test"], ["a..b"], ["*"], ["under_score.test"], ["x" * 300]):
+        with pytest.raises(InvalidArgument):
+            _policy(allowOut=bad)
