@@ -16,7 +16,7 @@ OWN = {
     ("GET", "/v2/sandboxes"), ("GET", "/sandboxes"), ("GET", "/snapshots"),
     ("GET", "/templates"), ("GET", "/volumes"), ("POST", "/volumes"), ("GET", "/audit"),
     ("GET", "/teams"), ("GET", "/api-keys"), ("POST", "/api-keys"),
-    ("POST", "/access-tokens"),
+    ("POST", "/access-tokens"), ("GET", "/secrets"), ("POST", "/secrets"),
 }
 PUBLIC = {("GET", "/health")}
 #: B's own creates from what is not A's: refused for the body they are sent (400/422).
@@ -33,6 +33,9 @@ def make_objects(a: httpx.Client, sandbox_id: str, envd_token: str,
     assert template.status_code == 202, template.text
     volume = a.post("/volumes", json={"name": f"{tag}-volume"})
     assert volume.status_code == 201, volume.text
+    secret = a.post("/secrets", json={"name": f"{tag}-openai", "value": f"sk-{tag}-v4lu3"})
+    assert secret.status_code == 201, secret.text
+    assert "v4lu3" not in secret.text
     key = a.post("/api-keys", json={"name": f"{tag}-ci"})
     token = a.post("/access-tokens", json={"name": f"{tag}-cli"})
     assert key.status_code == token.status_code == 201, (key.text, token.text)
@@ -43,8 +46,9 @@ def make_objects(a: httpx.Client, sandbox_id: str, envd_token: str,
         "build_id": template.json()["buildID"], "volume_id": volume.json()["volumeID"],
         "team_id": next(t["teamID"] for t in teams if t["isDefault"]),
         "api_key_id": key.json()["id"], "access_token_id": token.json()["id"],
+        "secret_id": secret.json()["secretID"],
     }
-    return ids, {key.json()["key"], token.json()["token"], envd_token}
+    return ids, {key.json()["key"], token.json()["token"], envd_token, f"sk-{tag}-v4lu3"}
 
 
 def _body_for(method: str, path: str, ids: dict[str, str]) -> dict[str, Any] | None:
@@ -58,6 +62,8 @@ def _body_for(method: str, path: str, ids: dict[str, str]) -> dict[str, Any] | N
         ("POST", "/volumes"): {"name": "b-own-volume"},
         ("POST", "/api-keys"): {"name": "b-second"},
         ("POST", "/access-tokens"): {"name": "b-token"},
+        ("POST", "/secrets"): {"name": "b-secret", "value": "b-value"},
+        ("POST", "/secrets/{secret_id}"): {"value": "overwritten"},
         ("POST", "/teams"): {"name": "b-made"},
         # B's own create, from an image: a malformed reference (no registry is reached).
         ("POST", "/sandboxes-cold"): {"image": "Not A Reference"},
@@ -79,6 +85,7 @@ def _fill(path: str, ids: dict[str, str]) -> str:
         "alias": ids["template_name"], "build_id": ids["build_id"],
         "volume_id": ids["volume_id"], "team_id": ids["team_id"],
         "api_key_id": ids["api_key_id"], "access_token_id": ids["access_token_id"],
+        "secret_id": ids["secret_id"],
         "files_hash": "a" * 64, "digest": "sha256:" + "b" * 64,
     }
     filled = re.sub(r"\{(\w+)(:path)?\}", lambda m: values[m.group(1)], path)

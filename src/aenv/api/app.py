@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv.api import audit, node_status, teams, templates, volumes
+from aenv.api import audit, node_status, secrets, teams, templates, volumes
 from aenv.api.routes import public, router
 from aenv.core.states import SandboxState
 from aenv.edge import errors
@@ -32,6 +32,7 @@ def build_api(node: Node, api_key: str) -> FastAPI:
     api.include_router(volumes.volume_content)
     api.include_router(audit.router)
     api.include_router(teams.router)
+    api.include_router(secrets.router)
     # Outside the routes (it reads the matched route afterwards), inside the error handlers'
     # responses (it records the status they answered).
     api.add_middleware(audit.AuditMiddleware)

@@ -128,7 +128,8 @@ async def delete_team(team_id: str, node: NodeDep, caller: OperatorDep) -> Respo
     snapshots = node.repository.list()
     owns = (any(r.team_id == team_id for r in records)
             or any(v.team_id == team_id for v in volumes)
-            or any(s.manifest.team_id == team_id for s in snapshots))
+            or any(s.manifest.team_id == team_id for s in snapshots)
+            or bool(await node.secrets.list(team_id, after=None, limit=1)))
     await node.tenancy.delete_team(team_id, owns_objects=owns)
     return Response(status_code=204)
 

@@ -44,6 +44,7 @@ from aenv.orchestrator.paused_repo import publish_pending
 from aenv.orchestrator.precreated import PrecreatedPool
 from aenv.orchestrator.recover import recover
 from aenv.orchestrator.restore_match import host_requirements
+from aenv.orchestrator.secrets import Vault
 from aenv.orchestrator.settle import settle
 from aenv.orchestrator.spill import Spiller
 from aenv.orchestrator.supervisor import Supervisor
@@ -59,6 +60,7 @@ from aenv.storage.rootfs import RootfsStore
 from aenv.storage.volume_catalog import VolumeCatalog
 from aenv.storage.volume_images import VolumeImages
 from aenv.store.audit import AuditStore
+from aenv.store.secrets import SecretStore
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
 from aenv.store.tenancy import TenancyStore
@@ -140,6 +142,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
                         node_id(settings)),
         audit=AuditTrail(AuditStore(store.db), settings.audit_max_entries),
         tenancy=Tenancy(team_directory(settings, store), TenancyStore(store.db)),
+        secrets=Vault(SecretStore(store.db), parts.api_key_for(settings)),
         supervisor=Supervisor(),
         admission=Admission(max_starts=settings.max_concurrent_starts,
                             max_waiting=settings.max_queued_starts,

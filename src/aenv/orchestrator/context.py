@@ -22,6 +22,7 @@ from aenv.orchestrator.deps import (
 )
 from aenv.orchestrator.liveness import Liveness
 from aenv.orchestrator.owners import Owners
+from aenv.orchestrator.secrets import Vault
 from aenv.orchestrator.supervisor import Supervisor
 from aenv.orchestrator.team_quota import QuotaGate
 from aenv.orchestrator.tenancy import Tenancy
@@ -132,6 +133,8 @@ class Node:
     audit: AuditTrail
     #: Teams, their keys, and who owns what (``tenancy.py``).
     tenancy: Tenancy
+    #: The teams' secrets, sealed (``secrets.py``).
+    secrets: Vault
     #: Owns every background loop (``supervisor.py``).
     supervisor: Supervisor = field(default_factory=Supervisor)
     streams: StreamRegistry = field(default_factory=StreamRegistry)

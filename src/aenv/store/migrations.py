@@ -146,4 +146,18 @@ MIGRATIONS: list[str] = [
     ALTER TABLE audit ADD COLUMN team_id TEXT;
     ALTER TABLE audit ADD COLUMN key_name TEXT;
     """,
+    # 8: a team's secrets (their values encrypted; orchestrator/secrets.py)
+    """
+    CREATE TABLE secrets (
+        secret_id TEXT PRIMARY KEY,
+        team_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        current_version INTEGER NOT NULL,
+        metadata TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        sealed BLOB NOT NULL,
+        UNIQUE (team_id, name)
+    );
+    """,
 ]

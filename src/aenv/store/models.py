@@ -149,3 +149,18 @@ class CredentialRow:
     masked_suffix: str
     created_at: float
     last_used: float | None = None
+
+
+@dataclass(frozen=True)
+class SecretRow:
+    """A team's secret (``orchestrator/secrets.py``): ``sealed`` is its current value,
+    encrypted; nothing else of it is secret."""
+
+    secret_id: str
+    team_id: str
+    name: str
+    current_version: int
+    metadata: dict[str, str]
+    created_at: float
+    updated_at: float
+    sealed: bytes = field(repr=False)
