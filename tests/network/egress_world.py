@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import subprocess
 import sys
 import tempfile
@@ -26,13 +27,17 @@ from cryptography.x509.oid import NameOID
 from tests.network.peers import InternetPeer, sh
 
 WEB_SERVER = r"""
-import ssl, sys, threading
+import hashlib, ssl, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 address, body, cert, key = sys.argv[1], sys.argv[2].encode(), sys.argv[3], sys.argv[4]
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
         out = body + b" " + (self.headers.get("Host") or "").encode()
+        if self.headers.get("X-Api-Key"):
+            # A digest, not the key: what answers a sandbox must not carry the secret in.
+            key = self.headers["X-Api-Key"].encode()
+            out += b" key=" + hashlib.sha256(key).hexdigest()[:16].encode()
         self.send_response(200); self.send_header("Content-Length", str(len(out)))
         self.end_headers(); self.wfile.write(out)
     def log_message(self, *args):
@@ -64,6 +69,11 @@ while True:
         answer.set_rcode(dns.rcode.NXDOMAIN)
     sock.sendto(answer.to_wire(), peer)
 """
+
+
+def key_digest(value: str) -> str:
+    """What the web servers answer for an ``X-Api-Key`` of ``value``."""
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import pytest
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network.pool import SlotPool
 from aenv.orchestrator.egress import policy_from
-from tests.network.egress_world import World, egress_world
+from tests.network.egress_world import World, egress_world, key_digest
 from tests.network.fixtures import ours, pool_config
 from tests.network.peers import InternetPeer
 
@@ -196,6 +196,55 @@ async def test_a_live_update_applies_to_the_next_connection_and_keeps_open_ones(
         "error": "TimeoutError"}
 
 
+#: A guest request that sends its own X-Api-Key, twice on one connection.
+TWICE = r"""
+import socket, sys
+sock = socket.create_connection((sys.argv[1], 80), timeout=5)
+for _ in range(2):
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Api-Key: guest\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data or b"key=" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    print(data.split(b"\r\n\r\n", 1)[1].decode(), flush=True)
+"""
+
+
+async def test_a_rule_puts_a_secret_into_requests_to_its_host_only(
+        proxied_pool: SlotPool, world: World) -> None:
+    asked: list[tuple[str | None, str]] = []
+
+    async def reveal(team: str | None, name: str) -> str | None:
+        asked.append((team, name))
+        return "s3cr3t" if name == "api" else None
+
+    proxied_pool.proxy.reveal = reveal
+    policy = policy_from(None, {
+        "allowOut": ["allowed.test", "*.wild.test", "denied.test"], "denyOut": ["0.0.0.0/0"],
+        "rules": {"allowed.test": [{"transform": {"headers": {
+                      "X-Api-Key": "${e2b.secrets.api}"}}}],
+                  "denied.test": [{"transform": {"headers": {
+                      "X-Api-Key": "${e2b.secrets.missing}"}}}]},
+    }, team_id="team-1")
+    slot = await proxied_pool.acquire(policy)
+    results = await _guest(slot, [["http", world.a_ip, "allowed.test"],
+                                  ["http", world.a_ip, "sub.wild.test"],
+                                  ["http", world.b_ip, "denied.test"]])
+    keyed = f"A allowed.test key={key_digest('s3cr3t')}"
+    assert results[0] == {"status": 200, "body": keyed}, results
+    assert results[1] == {"status": 200, "body": "A sub.wild.test"}, results  # no rule
+    assert results[2]["status"] == 403 and "missing" in str(results[2]["body"]), results
+    assert ("team-1", "api") in asked
+    # The guest's own header of that name is replaced, on every request of a connection.
+    child = await asyncio.create_subprocess_exec(
+        "nsenter", f"--net=/run/netns/{slot.netns}", "--", sys.executable, "-c", TWICE,
+        world.a_ip, stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(child.communicate(), 30)
+    assert out.decode().split() == ["A", "allowed.test", f"key={key_digest('s3cr3t')}"] * 2, out
+
+
 def test_policies_parse_names_and_refuse_nonsense() -> None:
     policy = _policy(allowOut=["API.Example.com.", "*.svc.test", "10.0.0.0/8"],
                      denyOut=["0.0.0.0/0", "bad.test"])
@@ -206,3 +255,10 @@ def test_policies_parse_names_and_refuse_nonsense() -> None:
     for bad in (["-x.test"], ["a..b"], ["*"], ["under_score.test"], ["x" * 300]):
         with pytest.raises(InvalidArgument):
             _policy(allowOut=bad)
+    for rules in ({"1.2.3.4": []}, {"a.test": [{"transform": {"headers": {"X": "a\nb"}}}]},
+                  {"a.test": [{"transform": {"headers": {
+                      "X": "${e2b.identity.tokens.aws}"}}}]}):
+        with pytest.raises(InvalidArgument):
+            _policy(rules=rules)
+    with pytest.raises(InvalidArgument, match="egressProxy"):
+        _policy(egressProxy={"address": "proxy.test:1080"})

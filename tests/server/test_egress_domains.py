@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from e2b import Sandbox
 
-from tests.network.egress_world import World, egress_world
+from tests.network.egress_world import World, egress_world, key_digest
 from tests.network.peers import InternetPeer
 from tests.server.harness import NodeServer, serving
 
@@ -95,5 +95,73 @@ def test_names_decide_inside_a_sandbox_and_update_live(node: NodeServer, world: 
             assert shut[0] == [200, "A allowed.test"] and shut[1][0] == 403, shut  # type: ignore[index]
         finally:
             closed.kill()
+    finally:
+        sbx.kill()
+
+
+SECRET = "sk-test-5ecret-never-inside"
+
+
+def _guest_memory_holds(sandbox_id: str, needle: bytes) -> bool:
+    """Whether the guest memory of ``sandbox_id`` (the ``runsc-memory`` memfd of its
+    runsc-sandbox process) holds ``needle``."""
+    from pathlib import Path
+
+    pids = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+    for proc in pids:
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"runsc-sandbox" not in cmdline or sandbox_id.encode() not in cmdline:
+            continue
+        for fd in (proc / "fd").iterdir():
+            try:
+                target = str(fd.readlink())
+            except OSError:
+                continue
+            if "runsc-memory" not in target:
+                continue
+            with open(fd, "rb") as memory:
+                tail = b""
+                while chunk := memory.read(1 << 24):
+                    if needle in tail + chunk:
+                        return True
+                    tail = chunk[-len(needle):]
+            return False
+    raise AssertionError(f"no runsc-sandbox memory found for {sandbox_id}")
+
+
+def test_a_secret_reaches_its_host_and_is_nowhere_in_the_sandbox(
+        node: NodeServer, world: World) -> None:
+    import httpx
+
+    from tests.server.harness import API_KEY
+
+    with httpx.Client(base_url=node.url, headers={"X-API-KEY": API_KEY}) as api:
+        made = api.post("/secrets", json={"name": "upstream", "value": SECRET})
+        assert made.status_code == 201, made.text
+    sbx = Sandbox.create(timeout=120, network={
+        "allow_out": ["allowed.test", "*.wild.test"],
+        "deny_out": lambda ctx: [ctx.all_traffic],
+        "rules": {"allowed.test": [{"transform": {"headers": {
+            "X-Api-Key": "${e2b.secrets.upstream}"}}}]},
+    })
+    try:
+        found = _probe(sbx, ("http", "allowed.test"), ("http", "sub.wild.test"))
+        assert found == [[200, f"A allowed.test key={key_digest(SECRET)}"],
+                         [200, "A sub.wild.test"]], found
+        # Nowhere inside: not in any process's environment, not in a file it can read. (The
+        # pattern is written so that the command itself does not carry the secret in.)
+        pattern = f"{SECRET[:-1]}[{SECRET[-1]}]"
+        probe = sbx.commands.run(
+            f"env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; "
+            f"grep -rIl --exclude-dir=proc --exclude-dir=sys -e '{pattern}' / 2>/dev/null "
+            "|| true", timeout=120)
+        assert SECRET not in probe.stdout, probe.stdout[-2000:]
+        # Nor in its memory: gVisor keeps the guest's memory in a memfd of its sandbox
+        # process, read here from the host.
+        assert _guest_memory_holds(sbx.sandbox_id, b"A allowed.test key=")  # the scan works
+        assert not _guest_memory_holds(sbx.sandbox_id, SECRET.encode())
     finally:
         sbx.kill()

@@ -67,6 +67,8 @@ class NetworkUpdate(_In):
     deny_out: list[str] | None = Field(default=None, alias="denyOut")
     allow_internet_access: bool | None = None
     dns_servers: list[str] | None = Field(default=None, alias="dnsServers")
+    rules: dict[str, Any] | None = None
+    egress_proxy: dict[str, Any] | None = Field(default=None, alias="egressProxy")
 
 
 class TimeoutBody(_In):

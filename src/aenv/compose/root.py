@@ -192,6 +192,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         t.template_id for t in await node.template_store.list_templates()
         if t.name != code_interpreter.NAME])
     _closing(stack, "the keys' last use", node.tenancy.flush_last_used)
+    pool.proxy.reveal = partial(_reveal, node)
     if published := await publish_pending(node):
         log.info("published %d paused sandboxes to the repository", published)
     if failed := await node.builder.recover():
@@ -232,6 +233,11 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
             stack.push_async_callback(_leave_peers, node, peers)
     # Entered last, closed first: every background loop stops before what it used closes.
     _closing(stack, "the supervisor", node.supervisor.close)
+
+
+async def _reveal(node: Node, team_id: str | None, name: str) -> str | None:
+    """A secret for the egress proxy's rules (None: the default team's, as records say)."""
+    return await node.secrets.reveal(team_id or node.tenancy.default_team_id, name)
 
 
 def _closing(stack: contextlib.AsyncExitStack, what: str,

@@ -57,8 +57,13 @@ class EgressPolicy:
     #: (network/egress_proxy.py). An allowed name wins over any denied address or name.
     allow_domains: tuple[str, ...] = ()
     deny_domains: tuple[str, ...] = ()
+    #: E2B's ``network.rules``: per host pattern, the headers set on its HTTP requests (values
+    #: may name ``${e2b.secrets.<name>}``), in order.
+    transforms: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    #: The team whose secrets the transforms name (None: the default team).
+    team_id: str | None = None
 
     @property
     def by_name(self) -> bool:
         """Whether the slot's HTTP, HTTPS and DNS go through the node's egress proxy."""
-        return bool(self.allow_domains or self.deny_domains)
+        return bool(self.allow_domains or self.deny_domains or self.transforms)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import struct
 from collections.abc import Awaitable, Callable, Iterable
@@ -40,6 +41,7 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.resolver
 import dns.rrset
+import h11
 
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import egress_rules, nft
@@ -53,6 +55,7 @@ MAX_HEAD = 64 << 10
 FIRST_BYTES_S = 30.0
 CONNECT_S = 10.0
 CHUNK = 64 << 10
+_PLACEHOLDER = re.compile(r"\$\{(e2b\.secrets\.[A-Za-z0-9_-]+)\}")
 _DENIED = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
            b"Content-Length: %d\r\n\r\n%s")
 
@@ -110,6 +113,9 @@ class EgressProxy:
         self._node_nets = node_nets
         self._slots: dict[int, _Slot] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The value of a team's secret by name (None: not set), for the rules' headers; set
+        #: by the node (orchestrator/secrets.py), None: no secret is ever put in.
+        self.reveal: Callable[[str | None, str], Awaitable[str | None]] | None = None
 
     # -- slots ---------------------------------------------------------------------------------
 
@@ -217,7 +223,79 @@ class EgressProxy:
             log.info("slot %d: HTTP to %s refused: %s", held.slot.index, host, why)
             await _refuse_http(writer, why)
             return
+        templates = transform_for(held.policy, host)
+        if templates:
+            await self._relay(held, head, reader, writer, address, templates)
+            return
         await self._splice(held, head, reader, writer, address, 80)
+
+    async def _headers(self, held: _Slot, templates: tuple[tuple[str, str], ...]
+                       ) -> list[tuple[str, str]] | str:
+        """The headers a rule sets, its secrets put in; or why they cannot be."""
+        out = []
+        for name, template in templates:
+            value = template
+            for placeholder in set(_PLACEHOLDER.findall(template)):
+                secret = placeholder.removeprefix("e2b.secrets.")
+                found = await self.reveal(held.policy.team_id, secret) if self.reveal else None
+                if found is None:
+                    return f"secret '{secret}' is not set"
+                value = value.replace("${" + placeholder + "}", found)
+            out.append((name, value))
+        return out
+
+    async def _relay(self, held: _Slot, head: bytes, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter, address: str,
+                     templates: tuple[tuple[str, str], ...]) -> None:
+        """HTTP/1.1 request by request (h11), each request given the rule's headers (they
+        replace the guest's own of the same name); the secrets never go to the guest."""
+        guest = h11.Connection(h11.SERVER)
+        upstream = h11.Connection(h11.CLIENT)
+        up_reader, up_writer = await asyncio.wait_for(
+            asyncio.open_connection(address, 80), CONNECT_S)
+        try:
+            guest.receive_data(head)
+            while True:
+                event = await _next(guest, reader)
+                if isinstance(event, h11.ConnectionClosed):
+                    return
+                if not isinstance(event, h11.Request):
+                    return
+                headers = await self._headers(held, templates)
+                if isinstance(headers, str):
+                    log.info("slot %d: HTTP refused: %s", held.slot.index, headers)
+                    await _refuse_http(writer, headers)
+                    return
+                names = {n.lower() for n, _ in headers}
+                kept = [(n, v) for n, v in event.headers.raw_items()
+                        if n.decode("latin-1").lower() not in names]
+                up_writer.write(upstream.send(h11.Request(
+                    method=event.method, target=event.target,
+                    headers=[*kept, *((n.encode(), v.encode()) for n, v in headers)])))
+                while True:  # the request's body
+                    part = await _next(guest, reader)
+                    if isinstance(part, h11.Data | h11.EndOfMessage):
+                        up_writer.write(upstream.send(part))
+                    if not isinstance(part, h11.Data):
+                        break
+                await up_writer.drain()
+                while True:  # the answer, as it comes
+                    answer = await _next(upstream, up_reader)
+                    if isinstance(answer, h11.InformationalResponse | h11.Response | h11.Data |
+                                  h11.EndOfMessage):
+                        writer.write(guest.send(answer))
+                        await writer.drain()
+                    if isinstance(answer, h11.EndOfMessage | h11.ConnectionClosed):
+                        break
+                if guest.our_state is not h11.DONE or upstream.our_state is not h11.DONE \
+                        or guest.their_state is not h11.DONE:
+                    return
+                guest.start_next_cycle()
+                upstream.start_next_cycle()
+        except h11.ProtocolError:
+            return
+        finally:
+            up_writer.close()
 
     async def _tls(self, held: _Slot, reader: asyncio.StreamReader,
                    writer: asyncio.StreamWriter) -> None:
@@ -245,6 +323,24 @@ class EgressProxy:
             await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
         finally:
             up_writer.close()
+
+
+async def _next(connection: h11.Connection, reader: asyncio.StreamReader) -> object:
+    """The next h11 event, reading more as it needs."""
+    while True:
+        event = connection.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        connection.receive_data(await asyncio.wait_for(reader.read(CHUNK), FIRST_BYTES_S * 10))
+
+
+def transform_for(policy: EgressPolicy, host: str) -> tuple[tuple[str, str], ...]:
+    """The headers ``policy``'s rules set on requests to ``host`` (the first pattern that
+    matches)."""
+    for pattern, headers in policy.transforms:
+        if egress_rules.matches(host, [pattern]):
+            return headers
+    return ()
 
 
 class _Dns(asyncio.DatagramProtocol):

@@ -12,6 +12,7 @@ domain rules is answered by the node, whichever server it is sent to.
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any
 
 from aenv.core.errors import InvalidArgument
@@ -62,13 +63,58 @@ def _dns_servers(value: Any) -> None:
                                   ) from None
 
 
-def policy_from(allow_internet_access: bool | None, network: dict[str, Any] | None) -> EgressPolicy:
+#: A value's placeholders: ``${e2b.secrets.<name>}`` only (workload identity tokens are not
+#: minted here).
+PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+SECRET = re.compile(r"^e2b\.secrets\.([A-Za-z0-9_-]{1,128})$")
+MAX_HEADERS = 32
+
+
+def _transforms(value: Any) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or len(value) > 100:
+        raise InvalidArgument("network.rules must map at most 100 hosts to lists of rules")
+    out = []
+    for host, rules in value.items():
+        pattern = domain_pattern(host) if isinstance(host, str) else None
+        if pattern is None:
+            raise InvalidArgument(f"network.rules: {host!r}: rules are keyed by domain name")
+        if not isinstance(rules, list):
+            raise InvalidArgument(f"network.rules[{host!r}] must be a list of rules")
+        headers: dict[str, str] = {}
+        for rule in rules:
+            transform = (rule or {}).get("transform") if isinstance(rule, dict) else None
+            for name, text in ((transform or {}).get("headers") or {}).items():
+                if not (isinstance(name, str) and isinstance(text, str)) or not name.strip() \
+                        or any(c in name + text for c in "\r\n"):
+                    raise InvalidArgument(f"network.rules[{host!r}]: headers are one-line "
+                                          "strings")
+                for placeholder in PLACEHOLDER.findall(text):
+                    if not SECRET.match(placeholder):
+                        raise InvalidArgument(
+                            f"network.rules[{host!r}]: ${{{placeholder}}} is not "
+                            "${e2b.secrets.<name>} (workload identity tokens are not "
+                            "supported on this platform yet)")
+                headers[name] = text
+        if len(headers) > MAX_HEADERS:
+            raise InvalidArgument(f"network.rules[{host!r}]: at most {MAX_HEADERS} headers")
+        out.append((pattern, tuple(headers.items())))
+    return tuple(out)
+
+
+def policy_from(allow_internet_access: bool | None, network: dict[str, Any] | None,
+                team_id: str | None = None) -> EgressPolicy:
     network = network or {}
     allow, allow_domains = _entries(network.get("allowOut"), "allowOut")
     deny, deny_domains = _entries(network.get("denyOut"), "denyOut")
     _dns_servers(network.get("dnsServers"))
+    if network.get("egressProxy") is not None:
+        raise InvalidArgument("network.egressProxy (a SOCKS5 upstream) is not supported on "
+                              "this platform yet")
     return EgressPolicy(
         allow_internet=allow_internet_access is not False,
         allow_out=allow, deny_out=deny,
         allow_domains=allow_domains, deny_domains=deny_domains,
+        transforms=_transforms(network.get("rules")), team_id=team_id,
     )

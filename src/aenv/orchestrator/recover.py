@@ -295,7 +295,7 @@ async def apply(node: Node, record: SandboxRecord, action: Action,
             instance = Instance(sid, observed.runtime_id, observed.pid, slot)
         if slot is not None and not live:
             await node.pool.adopt(slot, policy_from(record.allow_internet_access,
-                                                    record.network))
+                                                    record.network, record.team_id))
         await node.rootfs.ensure_mounted(sid)
         data = dict(record.instance or {})
         if instance is not None:

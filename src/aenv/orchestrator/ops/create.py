@@ -112,7 +112,7 @@ async def create_from(node: Node, template: Template, params: CreateParams, *,
                       detach: bool = True) -> SandboxRecord:
     """Create a sandbox of an already resolved ``template`` (a fork child's template is the
     parent's memory image). Contract: as the module's."""
-    policy = policy_from(params.allow_internet_access, params.network)
+    policy = policy_from(params.allow_internet_access, params.network, params.team_id)
     traffic.check(params.network)
     if template.volume_mounts and not (params.volume_mounts or params.inherited_volumes):
         # A snapshot of a sandbox with volumes: its image has them mounted, so its sandboxes

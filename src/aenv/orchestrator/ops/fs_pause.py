@@ -81,7 +81,8 @@ async def reboot(node: Node, record: SandboxRecord) -> tuple[SandboxRecord, dict
     slot: NetSlot | None = None
     instance: Instance | None = None
     try:
-        slot = await node.pool.acquire(policy_from(record.allow_internet_access, record.network))
+        slot = await node.pool.acquire(policy_from(record.allow_internet_access, record.network,
+                                                      record.team_id))
         record = await node.store.update(
             record, instance={**(record.instance or {}), "slot": instance_json(slot, None)["slot"]})
         rootfs = await node.rootfs.ensure_mounted(sid)

@@ -21,8 +21,8 @@ from aenv.orchestrator.instance_codec import decode
 async def update_network(
     node: Node, sandbox_id: str, allow_internet_access: bool | None, network: dict[str, Any]
 ) -> None:
-    policy = policy_from(allow_internet_access, network)
-    await node.store.require(sandbox_id)
+    policy = policy_from(allow_internet_access, network,
+                         (await node.store.require(sandbox_id)).team_id)
 
     async def owned() -> None:
         record = await node.store.require(sandbox_id)

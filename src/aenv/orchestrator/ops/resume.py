@@ -176,7 +176,7 @@ async def _restore(
         await _to_paused(node, record)
         raise FailedPrecondition(f"paused sandbox {sid} has no memory image")
     bundle = envd_bundle_of(record.instance, node.envd_bundle)
-    policy = policy_from(record.allow_internet_access, record.network)
+    policy = policy_from(record.allow_internet_access, record.network, record.team_id)
     slot: NetSlot | None = None
     instance: Instance | None = None
     try:
