@@ -195,7 +195,7 @@ def test_network_options_are_kept_and_updatable(server: NodeServer) -> None:
         assert sbx.commands.run("echo still-fine").stdout == "still-fine\n"
         sbx.update_network({"allow_out": ["203.0.113.0/24"]})
         with pytest.raises(SandboxException, match="400"):
-            sbx.update_network({"deny_out": ["not-an-ip"]})
+            sbx.update_network({"deny_out": ["not an ip or a name"]})
         assert sbx.commands.run("echo after-update").stdout == "after-update\n"
     finally:
         sbx.kill()
