@@ -33,6 +33,14 @@ address, body, cert, key = sys.argv[1], sys.argv[2].encode(), sys.argv[3], sys.a
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
+        if self.path.startswith("/bulk?"):  # n bytes (bench/egress_bench.py)
+            size = int(self.path.split("?")[1])
+            self.send_response(200); self.send_header("Content-Length", str(size))
+            self.end_headers()
+            block = b"x" * (1 << 20)
+            while size > 0:
+                self.wfile.write(block[:min(size, len(block))]); size -= len(block)
+            return
         out = body + b" " + (self.headers.get("Host") or "").encode()
         if self.headers.get("X-Api-Key"):
             # A digest, not the key: what answers a sandbox must not carry the secret in.
