@@ -19,7 +19,8 @@ from aenv.core.errors import NotFound
 from aenv.core.ids import is_volume_id
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.paused_repo import paused_id
-from aenv.orchestrator.tenancy import Caller, Owned, Tenancy
+from aenv.orchestrator.tenancy import PUBLIC, Caller, Owned, Tenancy
+from aenv.orchestrator.volumes import name_ok as volume_name_ok
 
 
 class TemplateLike(Protocol):
@@ -84,8 +85,8 @@ async def require_template(node: Node, caller: Caller, name: str, *, manage: boo
         return
     images = [s for s in node.repository.list(kind="template")
               if base in s.manifest.names or s.manifest.template_id == base]
-    team = images[0].manifest.team_id if images else None
-    if team is not None and team != caller.team_id:
+    if images and images[0].manifest.team_id != PUBLIC and not tenancy.is_team(
+            caller, images[0].manifest.team_id):
         raise NotFound(f"template '{name}' not found")
 
 
@@ -98,6 +99,8 @@ def sees_template(tenancy: Tenancy, caller: Caller, record: TemplateLike) -> boo
 async def require_volumes(node: Node, caller: Caller, names: Iterable[str]) -> None:
     """Every volume named is the caller's (volumes are asked for by name)."""
     for name in names:
+        if not volume_name_ok(name):
+            continue  # refused as malformed by the create itself (400)
         manifest = await node.volumes.catalog.by_name(name)
         if manifest is not None and not node.tenancy.is_team(caller, manifest.team_id):
             raise NotFound(f"volume '{name}' not found")

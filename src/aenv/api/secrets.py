@@ -49,9 +49,12 @@ def _after(token: str | None) -> str | None:
     if not token:
         return None
     try:
-        return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError) as exc:
+        after = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
         raise InvalidArgument("invalid nextToken") from exc
+    if not after.isprintable():  # a name is printable; SQLite refuses a NUL in a string
+        raise InvalidArgument("invalid nextToken")
+    return after
 
 
 @router.get("/secrets", response_model=list[SecretOut])

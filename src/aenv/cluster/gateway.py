@@ -67,6 +67,7 @@ from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
 from aenv.cluster.scheduler_client import SchedulerClient
 from aenv.cluster.team_directory import RedisDirectory
+from aenv.core.errors import Unavailable
 from aenv.edge.errors import error_body
 from aenv.edge.limits import BodyLimits, guard, is_upload
 from aenv.orchestrator.tenancy import digest_of, presented
@@ -107,6 +108,8 @@ class Gateway:
         except RedisError as exc:
             return error_body(503, f"the cluster's state store cannot be reached: {exc}",
                               {"Retry-After": "1"})
+        except Unavailable as exc:
+            return error_body(503, exc.message, {"Retry-After": "1"})
 
     async def _handle(self, request: Request) -> Response:
         target = route(request.scope)

@@ -12,15 +12,21 @@ default teams.
 from __future__ import annotations
 
 import builtins
+import functools
 import json
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, replace
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from aenv.cluster.keys import Keys
-from aenv.core.errors import Conflict
+from aenv.core.errors import Conflict, Unavailable
 from aenv.store.models import CredentialRow, TeamRow
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 # KEYS: teams, team-names, team-default; ARGV: id, name, row JSON.
 _ENSURE_DEFAULT = """
@@ -39,6 +45,18 @@ return 1
 """
 
 
+def _reachable(method: Callable[P, Coroutine[Any, Any, T]]
+               ) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Redis errors as ``Unavailable`` (503): callers outside ``cluster/`` know no Redis."""
+    @functools.wraps(method)
+    async def wrapped(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await method(*args, **kwargs)
+        except RedisError as exc:
+            raise Unavailable(f"the cluster's team directory cannot be reached: {exc}") from exc
+    return wrapped
+
+
 def _team(raw: str | bytes) -> TeamRow:
     return TeamRow(**json.loads(raw))
 
@@ -52,24 +70,29 @@ class RedisDirectory:
         self.redis = redis
         self.keys = keys or Keys()
 
+    @_reachable
     async def start(self) -> None:
         await self.redis.ping()
 
     async def close(self) -> None:
         await self.redis.aclose()
 
+    @_reachable
     async def teams(self) -> builtins.list[TeamRow]:
         rows = await self.redis.hvals(self.keys.teams)
         return sorted((_team(r) for r in rows), key=lambda t: t.created_at)
 
+    @_reachable
     async def team(self, team_id: str) -> TeamRow | None:
         raw = await self.redis.hget(self.keys.teams, team_id)
         return _team(raw) if raw else None
 
+    @_reachable
     async def default_team_id(self) -> str | None:
         found = await self.redis.get(self.keys.default_team)
         return str(found) if found else None
 
+    @_reachable
     async def ensure_default(self, candidate: TeamRow) -> TeamRow:
         script = self.redis.register_script(_ENSURE_DEFAULT)
         team_id = await script(keys=[self.keys.teams, self.keys.team_names,
@@ -81,6 +104,7 @@ class RedisDirectory:
             raise Conflict(f"the cluster's default team {team_id} has no record")
         return team
 
+    @_reachable
     async def add_team(self, team: TeamRow) -> None:
         script = self.redis.register_script(_ADD_TEAM)
         added = await script(keys=[self.keys.teams, self.keys.team_names],
@@ -88,12 +112,14 @@ class RedisDirectory:
         if not int(added):
             raise Conflict(f"a team named '{team.name}' exists")
 
+    @_reachable
     async def set_quota(self, team_id: str, quota: dict[str, Any] | None) -> None:
         team = await self.team(team_id)
         if team is not None:
             await self.redis.hset(self.keys.teams, team_id,
                                   json.dumps(asdict(replace(team, quota=quota))))
 
+    @_reachable
     async def remove_team(self, team_id: str) -> None:
         team = await self.team(team_id)
         gone = [c for c in await self._all() if c.team_id == team_id]
@@ -107,10 +133,12 @@ class RedisDirectory:
                 pipe.hdel(self.keys.team_names, team.name)
             await pipe.execute()
 
+    @_reachable
     async def credential(self, digest: str) -> CredentialRow | None:
         raw = await self.redis.hget(self.keys.credentials, digest)
         return _credential(raw) if raw else None
 
+    @_reachable
     async def credentials(self, team_id: str) -> builtins.list[CredentialRow]:
         rows = [c for c in await self._all() if c.team_id == team_id]
         if rows:
@@ -120,24 +148,29 @@ class RedisDirectory:
                                                                                strict=True)]
         return sorted(rows, key=lambda c: c.created_at)
 
+    @_reachable
     async def add_credential(self, row: CredentialRow) -> None:
         await self.redis.hset(self.keys.credentials, row.digest,
                               json.dumps(asdict(replace(row, last_used=None))))
 
+    @_reachable
     async def rename_credential(self, row: CredentialRow, name: str) -> None:
         current = await self.credential(row.digest)
         if current is not None:
             await self.add_credential(replace(current, name=name))
 
+    @_reachable
     async def remove_credential(self, row: CredentialRow) -> None:
         await self.redis.hdel(self.keys.credentials, row.digest)
         await self.redis.hdel(self.keys.credentials_used, row.key_id)
 
+    @_reachable
     async def record_use(self, used: dict[str, float]) -> None:
         if used:
             await self.redis.hset(self.keys.credentials_used,
                                   mapping={k: repr(v) for k, v in used.items()})
 
+    @_reachable
     async def _all(self) -> builtins.list[CredentialRow]:
         return [_credential(r) for r in
                 await self.redis.hvals(self.keys.credentials)]

@@ -28,6 +28,7 @@ import logging
 import re
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import cast
@@ -61,22 +62,39 @@ _DENIED = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: c
 
 
 class Resolver:
-    """A names' addresses from the node's resolver (``nameservers``: these servers; empty:
-    the host's resolv.conf)."""
+    """A name's addresses from the node's resolver (``nameservers``: these servers; empty:
+    the host's resolv.conf), kept for their TTL (at most ``MAX_TTL_S``; a failure for
+    ``NEGATIVE_TTL_S``) so that a connection does not wait for a DNS round trip each time."""
 
-    def __init__(self, nameservers: Iterable[str] = ()) -> None:
+    MAX_TTL_S = 60.0
+    NEGATIVE_TTL_S = 5.0
+    MAX_NAMES = 10_000
+
+    def __init__(self, nameservers: Iterable[str] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         servers = list(nameservers)
         self._resolver = dns.asyncresolver.Resolver(configure=not servers)
         if servers:
             self._resolver.nameservers = servers
         self._resolver.lifetime = 5.0
+        self._clock = clock
+        self._cache: dict[str, tuple[float, list[str]]] = {}
 
     async def addresses(self, name: str) -> list[str]:
+        now = self._clock()
+        cached = self._cache.get(name)
+        if cached is not None and cached[0] > now:
+            return cached[1]
         try:
             answer = await self._resolver.resolve(name, "A")
+            found = [r.to_text() for r in answer]
+            ttl = min(float(answer.rrset.ttl if answer.rrset else 0), self.MAX_TTL_S)
         except (dns.exception.DNSException, OSError):
-            return []
-        return [r.to_text() for r in answer]
+            found, ttl = [], self.NEGATIVE_TTL_S
+        if len(self._cache) >= self.MAX_NAMES:
+            self._cache.clear()
+        self._cache[name] = (now + ttl, found)
+        return found
 
 
 _Handler = Callable[["_Slot", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -33,7 +33,6 @@ from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.envd_process import EnvdProcesses
 from aenv.orchestrator.ops.boot import boot_sandbox, discard
 from aenv.orchestrator.template_image import capture
-from aenv.orchestrator.tenancy import Owned
 from aenv.storage.image_files import lookup_user
 from aenv.storage.repository import Snapshot, SnapshotDraft
 from aenv.storage.view import merged_view
@@ -110,9 +109,9 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
             cpu_count=booted.cpu_count, memory_mb=booted.memory_mb, default_user=user,
             default_workdir=state.workdir, env_vars=dict(state.env), envd_token=token,
             metadata={IMAGE_KEY: key},
-            # The template's team, as-is (None: the node's own, public): another node that
-            # serves this image by name checks it (api/ownership.py).
-            team_id=node.tenancy.owner(Owned.TEMPLATE, spec.template_id),
+            # The template's team, for another node that serves this image by name
+            # (api/ownership.py): None for the default team, as every object writes it.
+            team_id=node.tenancy.template_team(spec.template_id),
         )
         snapshot = await capture(node, booted, draft, state.layers)
         log_.info(f"memory image taken ({snapshot.manifest.memory_size_bytes / 1e6:.1f} MB"

@@ -84,8 +84,14 @@ def _transforms(value: Any) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ..
             raise InvalidArgument(f"network.rules[{host!r}] must be a list of rules")
         headers: dict[str, str] = {}
         for rule in rules:
-            transform = (rule or {}).get("transform") if isinstance(rule, dict) else None
-            for name, text in ((transform or {}).get("headers") or {}).items():
+            transform = rule.get("transform") if isinstance(rule, dict) else rule
+            if transform is not None and not isinstance(transform, dict):
+                raise InvalidArgument(f"network.rules[{host!r}]: a rule is an object with an "
+                                      "optional transform object")
+            given = transform.get("headers") if transform is not None else None
+            if given is not None and not isinstance(given, dict):
+                raise InvalidArgument(f"network.rules[{host!r}]: headers must be an object")
+            for name, text in (given or {}).items():
                 if not (isinstance(name, str) and isinstance(text, str)) or not name.strip() \
                         or any(c in name + text for c in "\r\n"):
                     raise InvalidArgument(f"network.rules[{host!r}]: headers are one-line "

@@ -34,7 +34,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from aenv.core.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
+from aenv.core.errors import (
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from aenv.core.ids import new_api_key
 from aenv.orchestrator.team_directory import TeamDirectory
 from aenv.orchestrator.team_quota import Quota
@@ -46,6 +52,8 @@ log = logging.getLogger("aenv.orchestrator.tenancy")
 DEFAULT_TEAM_NAME = "default"
 #: The ``owned`` row that records that this node's templates from before teams were adopted.
 _ADOPTED = "adopted"
+#: The team written on the image of a template every team may use (the node's own).
+PUBLIC = "*"
 #: A key's last use is written at most this often (it is kept exact in memory).
 LAST_USED_FLUSH_S = 30.0
 #: How often the directory is checked for a lost default team or operator credential.
@@ -136,6 +144,8 @@ class Tenancy:
         #: The operator credential, known without the directory: the node's own key works
         #: even while the cluster's Redis is down or was wiped.
         self._operator: CredentialRow | None = None
+        #: Each team's quota as last read (what a start uses while the directory is down).
+        self._quotas: dict[str, Quota] = {}
 
     # -- start -------------------------------------------------------------------------------
 
@@ -219,9 +229,16 @@ class Tenancy:
         return team
 
     async def quota_of(self, team_id: str | None) -> Quota:
-        """The quota of a team (None: the default team)."""
-        team = await self.directory.team(team_id or self.default_team_id)
-        return Quota.from_json(team.quota) if team is not None else Quota()
+        """The quota of a team (None: the default team). The directory unreachable (a
+        cluster's Redis down): the last quota read, so starts go on as before."""
+        key = team_id or self.default_team_id
+        try:
+            team = await self.directory.team(key)
+        except Unavailable:
+            return self._quotas.get(key, Quota())
+        quota = Quota.from_json(team.quota) if team is not None else Quota()
+        self._quotas[key] = quota
+        return quota
 
     async def set_quota(self, team_id: str, quota: Quota) -> TeamRow:
         team = await self.team(team_id)
@@ -305,6 +322,14 @@ class Tenancy:
         """The team to write on an object the caller makes: None for the default team, as
         before teams (an older node reads it too)."""
         return None if caller.team_id == self.default_team_id else caller.team_id
+
+    def template_team(self, template_id: str) -> str | None:
+        """The team a template's image is written with: ``PUBLIC`` for the node's own
+        (unowned) templates, None for the default team's, else the team's id."""
+        owner = self._owners.get((Owned.TEMPLATE, template_id))
+        if owner is None:
+            return PUBLIC
+        return None if owner == self.default_team_id else owner
 
     def owns_any(self, team_id: str) -> bool:
         return any(t == team_id and k != _ADOPTED for (k, _), t in self._owners.items())

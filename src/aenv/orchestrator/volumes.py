@@ -51,6 +51,11 @@ log = logging.getLogger("aenv.orchestrator.volumes")
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
 MAX_NAME = 250
+
+
+def name_ok(name: str) -> bool:
+    """Whether ``name`` is a well-formed volume name."""
+    return bool(NAME.match(name)) and len(name) <= MAX_NAME
 #: No volume over these: the sandbox needs them (``/`` would hide its whole root).
 _RESERVED = ("/", "/proc", "/sys", "/dev", posixpath.dirname(ENVD_MOUNT),
              posixpath.dirname(SLOTS_DIR))
@@ -118,7 +123,7 @@ class Volumes:
 
     async def create(self, name: str, size_mb: int | None = None,
                      team_id: str | None = None) -> VolumeManifest:
-        if not NAME.match(name) or len(name) > MAX_NAME:
+        if not name_ok(name):
             raise InvalidArgument("Invalid volume name: use letters, digits, '-' and '_' "
                                   f"(at most {MAX_NAME})")
         size = size_mb or self.settings.volume_default_size_mb
