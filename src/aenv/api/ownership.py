@@ -19,7 +19,7 @@ from aenv.core.errors import NotFound
 from aenv.core.ids import is_volume_id
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.paused_repo import paused_id
-from aenv.orchestrator.tenancy import PUBLIC, Caller, Owned, Tenancy
+from aenv.orchestrator.tenancy import Caller, Owned, Tenancy
 from aenv.orchestrator.volumes import name_ok as volume_name_ok
 
 
@@ -85,8 +85,7 @@ async def require_template(node: Node, caller: Caller, name: str, *, manage: boo
         return
     images = [s for s in node.repository.list(kind="template")
               if base in s.manifest.names or s.manifest.template_id == base]
-    if images and images[0].manifest.team_id != PUBLIC and not tenancy.is_team(
-            caller, images[0].manifest.team_id):
+    if images and not tenancy.image_visible(caller, images[0].manifest.team_id):
         raise NotFound(f"template '{name}' not found")
 
 

@@ -52,8 +52,8 @@ log = logging.getLogger("aenv.orchestrator.tenancy")
 DEFAULT_TEAM_NAME = "default"
 #: The ``owned`` row that records that this node's templates from before teams were adopted.
 _ADOPTED = "adopted"
-#: The team written on the image of a template every team may use (the node's own).
-PUBLIC = "*"
+#: What a default team's template image is written with (``template_team``).
+DEFAULT_TEAM_MARK = "default"
 #: A key's last use is written at most this often (it is kept exact in memory).
 LAST_USED_FLUSH_S = 30.0
 #: How often the directory is checked for a lost default team or operator credential.
@@ -324,12 +324,21 @@ class Tenancy:
         return None if caller.team_id == self.default_team_id else caller.team_id
 
     def template_team(self, template_id: str) -> str | None:
-        """The team a template's image is written with: ``PUBLIC`` for the node's own
-        (unowned) templates, None for the default team's, else the team's id."""
+        """The team a template's image is written with: None for the node's own (unowned)
+        templates, which every team may use (as images from before teams and the base
+        image are); ``DEFAULT_TEAM_MARK`` for the default team's (its id differs between
+        nodes that share a repository without a cluster); else the team's id."""
         owner = self._owners.get((Owned.TEMPLATE, template_id))
         if owner is None:
-            return PUBLIC
-        return None if owner == self.default_team_id else owner
+            return None
+        return DEFAULT_TEAM_MARK if owner == self.default_team_id else owner
+
+    def image_visible(self, caller: Caller, team_id: str | None) -> bool:
+        """Whether a template image written with ``team_id`` (``template_team``) may be used
+        by ``caller``."""
+        if team_id is None:
+            return True
+        return self.is_team(caller, None if team_id == DEFAULT_TEAM_MARK else team_id)
 
     def owns_any(self, team_id: str) -> bool:
         return any(t == team_id and k != _ADOPTED for (k, _), t in self._owners.items())
