@@ -1,7 +1,7 @@
 """A small internet for the egress tests, inside the internet peer's network namespace
 (peers.py): two web servers, each on an address of its own and each speaking HTTP on 80 and
-HTTPS on 443 (a certificate made here: the egress proxy passes TLS through, so it is the
-client's to check), and a DNS server that knows their names. Nothing leaves the machine.
+HTTPS on 443 (a certificate for ``CERTIFIED`` from a CA made here, ``World.ca_file``), and
+a DNS server that knows their names. Nothing leaves the machine.
 
 Names (``NAMES``): ``allowed.test`` and ``sub.wild.test`` and ``wild.test`` → server A,
 ``denied.test`` → server B; anything else is NXDOMAIN.
@@ -89,27 +89,61 @@ class World:
     a_ip: str
     b_ip: str
     dns_ip: str
+    #: The CA the servers' certificate is signed by (PEM file; the node is told to trust it
+    #: for its side of an intercepted connection, as it trusts a public CA).
+    ca_file: Path
 
     def names(self) -> dict[str, str]:
         return {"allowed.test": self.a_ip, "wild.test": self.a_ip,
                 "sub.wild.test": self.a_ip, "denied.test": self.b_ip}
 
 
-def _certificate(directory: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress test")])
+#: The names the servers' certificate is for: ``wild.test`` is left out, so that a client
+#: checking a connection to it fails (a host whose certificate is not its own).
+CERTIFIED = ("allowed.test", "sub.wild.test", "denied.test")
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _certificate(directory: Path) -> tuple[Path, Path, Path]:
+    """(the servers' certificate, its key, the world's CA that signed it)."""
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress test world CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(
+              digital_signature=True, content_commitment=False, key_encipherment=False,
+              data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+              encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                         critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress test")]))
+            .issuer_name(ca_name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(days=1))
             .not_valid_after(now + datetime.timedelta(days=1))
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in CERTIFIED]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    cert_path, key_path, ca_path = (directory / "cert.pem", directory / "key.pem",
+                                    directory / "ca.pem")
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
+    key_path.write_bytes(_key_pem(key))
+    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    ca_path.chmod(0o644)
+    return cert_path, key_path, ca_path
 
 
 def _start(netns: str, code: str, *args: str) -> subprocess.Popen[str]:
@@ -124,12 +158,12 @@ def _start(netns: str, code: str, *args: str) -> subprocess.Popen[str]:
 @contextlib.contextmanager
 def egress_world(peer: InternetPeer) -> Iterator[World]:
     """Servers A and B and the DNS server, on addresses added to ``peer`` for the test."""
-    world = World(a_ip=f"198.51.100.{peer.tag + 64}", b_ip=f"198.51.100.{peer.tag + 192}",
-                  dns_ip=peer.ip)
-    added = [world.a_ip, world.b_ip]
+    added = [f"198.51.100.{peer.tag + 64}", f"198.51.100.{peer.tag + 192}"]
     processes: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="aenv-egress-") as scratch:
-        cert, key = _certificate(Path(scratch))
+        Path(scratch).chmod(0o755)
+        cert, key, ca = _certificate(Path(scratch))
+        world = World(a_ip=added[0], b_ip=added[1], dns_ip=peer.ip, ca_file=ca)
         try:
             for address in added:
                 sh("ip", "-n", peer.netns, "addr", "add", f"{address}/32", "dev", "eth0")

@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from aenv.core.net import EgressPolicy, NetSlot
+from aenv.network.egress_tls import Interception
 from aenv.network.pool import SlotPool
 from aenv.orchestrator.egress import policy_from
 from tests.network.egress_world import World, egress_world, key_digest
@@ -27,9 +30,12 @@ CLIENT = r"""
 import json, socket, ssl, sys
 import dns.message, dns.query, dns.rcode, dns.exception
 
-def http(ip, host, port=80, tls=False, keep=None):
+def http(ip, host, port=80, tls=False, cafile=None):
     sock = socket.create_connection((ip, port), timeout=3)
-    if tls:
+    if cafile:  # checked as a client would: the name, against this CA only
+        sock = ssl.create_default_context(cafile=cafile).wrap_socket(
+            sock, server_hostname=host)
+    elif tls:
         ctx = ssl.create_default_context(); ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
         sock = ctx.wrap_socket(sock, server_hostname=host)
@@ -59,11 +65,18 @@ for kind, *args in json.loads(sys.argv[1]):
             reply = dns.query.udp(dns.message.make_query(name, "A"), server, timeout=3)
             out.append({"rcode": dns.rcode.to_text(reply.rcode()),
                         "a": sorted(r.to_text() for rr in reply.answer for r in rr)})
+        elif kind == "https-ca":
+            ip, host, cafile = args
+            sock, status, body = http(ip, host, port=443, cafile=cafile)
+            sock.close()
+            out.append({"status": status, "body": body})
         else:
             sock, status, body = http(*args, tls=kind == "https",
                                       port=443 if kind == "https" else 80)
             sock.close()
             out.append({"status": status, "body": body})
+    except ssl.SSLCertVerificationError as exc:
+        out.append({"error": "SSLCertVerificationError", "why": exc.verify_message})
     except (OSError, dns.exception.DNSException) as exc:
         out.append({"error": type(exc).__name__})
 print(json.dumps(out))
@@ -243,6 +256,52 @@ async def test_a_rule_puts_a_secret_into_requests_to_its_host_only(
         world.a_ip, stdout=asyncio.subprocess.PIPE)
     out, _ = await asyncio.wait_for(child.communicate(), 30)
     assert out.decode().split() == ["A", "allowed.test", f"key={key_digest('s3cr3t')}"] * 2, out
+
+
+async def test_https_to_a_host_with_rules_is_ended_by_the_platform_ca(
+        proxied_pool: SlotPool, world: World, tmp_path: Path) -> None:
+    """A rule's host over HTTPS: the guest, trusting the platform's CA, gets the answer with
+    the secret put in; the node checks the real host's certificate (one not valid for its
+    name is a 502, the secret never sent); a host without rules is not intercepted."""
+    proxied_pool.proxy.reveal = _secret_api
+    proxied_pool.proxy.interception = interception = Interception(
+        b"operator key", tmp_path / "tls", upstream_cafile=world.ca_file)
+    interception.prepare()
+    platform_ca = tmp_path / "platform-ca.pem"
+    platform_ca.write_text(interception.ca_pem)
+    platform_ca.chmod(0o644)
+    world_ca = str(world.ca_file)
+    policy = policy_from(None, {
+        "allowOut": ["allowed.test", "*.wild.test", "wild.test"], "denyOut": ["0.0.0.0/0"],
+        "rules": {"allowed.test": [{"transform": {"headers": {
+                      "X-Api-Key": "${e2b.secrets.api}"}}}],
+                  "wild.test": [{"transform": {"headers": {
+                      "X-Api-Key": "${e2b.secrets.api}"}}}]},
+    }, team_id="team-1")
+    slot = await proxied_pool.acquire(policy)
+    results = await _guest(slot, [
+        ["https-ca", world.a_ip, "allowed.test", str(platform_ca)],  # 0 intercepted
+        ["https-ca", world.a_ip, "allowed.test", world_ca],          # 1 not the host's cert
+        ["https-ca", world.a_ip, "sub.wild.test", world_ca],         # 2 no rule: untouched
+        ["https-ca", world.a_ip, "sub.wild.test", str(platform_ca)],  # 3 ... so not ours
+        ["https-ca", world.a_ip, "wild.test", str(platform_ca)],     # 4 upstream cert wrong
+        ["https-ca", world.b_ip, "allowed.test", str(platform_ca)],  # 5 forged: dialled B
+    ])
+    keyed = f"A allowed.test key={key_digest('s3cr3t')}"
+    assert results[0] == {"status": 200, "body": keyed}, results
+    assert results[1]["error"] == "SSLCertVerificationError", results
+    assert results[2] == {"status": 200, "body": "A sub.wild.test"}, results
+    assert results[3]["error"] == "SSLCertVerificationError", results
+    assert results[4]["status"] == 502 and "key=" not in str(results[4]["body"]), results
+    assert results[5] == {"status": 200, "body": keyed}, results  # reaches A, by name
+    # The CA is the operator key's: another proxy from the same key is trusted the same.
+    again = Interception(b"operator key", tmp_path / "tls2")
+    assert x509.load_pem_x509_certificate(again.ca_pem.encode()).public_key() == \
+        x509.load_pem_x509_certificate(interception.ca_pem.encode()).public_key()
+
+
+async def _secret_api(team: str | None, name: str) -> str | None:
+    return "s3cr3t" if name == "api" and team == "team-1" else None
 
 
 def test_policies_parse_names_and_refuse_nonsense() -> None:

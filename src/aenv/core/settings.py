@@ -220,6 +220,11 @@ class Settings(BaseSettings):
     with (``network.allowOut`` / ``denyOut`` naming domains; docs/security.md). Empty: the
     host's ``/etc/resolv.conf``."""
 
+    egress_upstream_ca_file: Path | None = None
+    """PEM CAs the node trusts, besides the host's own, for the hosts whose HTTPS it ends to
+    put in a sandbox's ``network.rules`` headers (a private API's CA; docs/security.md,
+    "Secrets in requests"). Unset: the host's CAs only."""
+
     layers_dir: Path | None = None
     """Where template layers live. Unset: ``<home>/layers``. Several homes may share one."""
 

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from aenv.envd import bootid
+from aenv.envd import bootid, trust_store
 from aenv.envd.eventloop import after_restore
 from aenv.envd.state import EnvdState
 from aenv.envd.sysmetrics import CpuSampler, snapshot
@@ -47,7 +48,8 @@ async def init(request: Request) -> Response:
     ``renewBootId`` (aenv's, not E2B's): this envd now serves a new sandbox, not the one its
     memory image was saved from, so it gets a boot id of its own (``bootid.py``).
     ``volumeMounts`` (aenv's): ``[{slot, path, readOnly}]``, the volume slots to bind where
-    the sandbox's volumes belong (``volume_binds.py``).
+    the sandbox's volumes belong (``volume_binds.py``). ``trustCertificates`` (aenv's): PEM
+    CAs the sandbox's clients are to trust (``trust_store.py``).
     """
     state: EnvdState = request.app.state.envd
     try:
@@ -69,6 +71,7 @@ async def init(request: Request) -> Response:
         if not isinstance(raw_mounts, list):
             raise ValueError("volumeMounts must be a list")
         mounts = [SlotBind.parse(m) for m in raw_mounts]
+        trusted = trust_store.parse(body.get("trustCertificates"))
     except ValueError as exc:
         return error_response(400, f"invalid init request: {exc}")
     # Once a token is set, only its holder may change the sandbox's identity.
@@ -91,6 +94,11 @@ async def init(request: Request) -> Response:
             return error_response(400, f"cannot mount a volume: {exc}")
         except OSError as exc:
             return error_response(500, f"cannot mount a volume: {exc}")
+    if trusted:
+        try:
+            state.env_vars.update(await asyncio.to_thread(trust_store.install, trusted))
+        except OSError as exc:
+            return error_response(500, f"cannot trust the platform's CA: {exc}")
     if renew_boot_id and state.boot_id_file is not None:
         try:
             bootid.write(state.boot_id_file)

@@ -5,7 +5,9 @@ and its DNS queries (UDP 53, to whatever server) arrive here, on listeners bound
 own veth, one set per slot. What is decided, and on what:
 
 * **HTTP**: the request's ``Host`` header; **HTTPS**: the TLS ClientHello's SNI (the TLS is
-  not terminated: the bytes pass through). A name the policy allows is resolved *here*, by the
+  not terminated: the bytes pass through — except for a host the sandbox's ``network.rules``
+  name, whose TLS the node ends with its CA to set the rule's headers, egress_tls.py). A
+  name the policy allows is resolved *here*, by the
   node's resolver, and the connection goes to that address — never to the address the guest
   dialled — so a forged Host or SNI reaches only the name it names, and an IP literal of a
   denied name is judged as an address. No Host or SNI: refused.
@@ -27,11 +29,13 @@ import contextlib
 import logging
 import re
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import cast
+from functools import partial
+from typing import Protocol, cast
 
 import dns.asyncresolver
 import dns.exception
@@ -46,6 +50,7 @@ import h11
 
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import egress_rules, nft
+from aenv.network.egress_tls import GuestTls, Interception
 
 log = logging.getLogger("aenv.network.egress")
 
@@ -57,7 +62,7 @@ FIRST_BYTES_S = 30.0
 CONNECT_S = 10.0
 CHUNK = 64 << 10
 _PLACEHOLDER = re.compile(r"\$\{(e2b\.secrets\.[A-Za-z0-9_-]+)\}")
-_DENIED = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+_ANSWER = (b"HTTP/1.1 %s\r\nContent-Type: text/plain\r\nConnection: close\r\n"
            b"Content-Length: %d\r\n\r\n%s")
 
 
@@ -97,6 +102,17 @@ class Resolver:
         return found
 
 
+class _Readable(Protocol):
+    async def read(self, size: int) -> bytes: ...
+
+
+class _Writable(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+_Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 _Handler = Callable[["_Slot", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
@@ -134,6 +150,9 @@ class EgressProxy:
         #: The value of a team's secret by name (None: not set), for the rules' headers; set
         #: by the node (orchestrator/secrets.py), None: no secret is ever put in.
         self.reveal: Callable[[str | None, str], Awaitable[str | None]] | None = None
+        #: The CA that ends the TLS of hosts with rules (egress_tls.py), set by the node;
+        #: None: HTTPS passes through untouched and its rules set nothing.
+        self.interception: Interception | None = None
 
     # -- slots ---------------------------------------------------------------------------------
 
@@ -243,7 +262,8 @@ class EgressProxy:
             return
         templates = transform_for(held.policy, host)
         if templates:
-            await self._relay(held, head, reader, writer, address, templates)
+            await self._relay(held, head, reader, writer,
+                              partial(asyncio.open_connection, address, 80), templates)
             return
         await self._splice(held, head, reader, writer, address, 80)
 
@@ -262,17 +282,24 @@ class EgressProxy:
             out.append((name, value))
         return out
 
-    async def _relay(self, held: _Slot, head: bytes, reader: asyncio.StreamReader,
-                     writer: asyncio.StreamWriter, address: str,
-                     templates: tuple[tuple[str, str], ...]) -> None:
+    async def _relay(self, held: _Slot, head: bytes, reader: _Readable, writer: _Writable,
+                     upstream: _Connect, templates: tuple[tuple[str, str], ...]) -> None:
         """HTTP/1.1 request by request (h11), each request given the rule's headers (they
-        replace the guest's own of the same name); the secrets never go to the guest."""
+        replace the guest's own of the same name); the secrets never go to the guest.
+        ``upstream`` opens the connection to the host (plain, or TLS checked as a client
+        would); one that cannot be opened answers 502."""
         guest = h11.Connection(h11.SERVER)
-        upstream = h11.Connection(h11.CLIENT)
-        up_reader, up_writer = await asyncio.wait_for(
-            asyncio.open_connection(address, 80), CONNECT_S)
+        upstream_h11 = h11.Connection(h11.CLIENT)
         try:
-            guest.receive_data(head)
+            up_reader, up_writer = await asyncio.wait_for(upstream(), CONNECT_S)
+        except (OSError, TimeoutError) as exc:
+            log.info("slot %d: upstream refused: %s", held.slot.index, exc)
+            await _refuse_http(writer, f"the host cannot be reached: {exc}",
+                               status=b"502 Bad Gateway")
+            return
+        try:
+            if head:  # (h11 takes b"" for the guest's close)
+                guest.receive_data(head)
             while True:
                 event = await _next(guest, reader)
                 if isinstance(event, h11.ConnectionClosed):
@@ -287,29 +314,29 @@ class EgressProxy:
                 names = {n.lower() for n, _ in headers}
                 kept = [(n, v) for n, v in event.headers.raw_items()
                         if n.decode("latin-1").lower() not in names]
-                up_writer.write(upstream.send(h11.Request(
+                up_writer.write(upstream_h11.send(h11.Request(
                     method=event.method, target=event.target,
                     headers=[*kept, *((n.encode(), v.encode()) for n, v in headers)])))
                 while True:  # the request's body
                     part = await _next(guest, reader)
                     if isinstance(part, h11.Data | h11.EndOfMessage):
-                        up_writer.write(upstream.send(part))
+                        up_writer.write(upstream_h11.send(part))
                     if not isinstance(part, h11.Data):
                         break
                 await up_writer.drain()
                 while True:  # the answer, as it comes
-                    answer = await _next(upstream, up_reader)
+                    answer = await _next(upstream_h11, up_reader)
                     if isinstance(answer, h11.InformationalResponse | h11.Response | h11.Data |
                                   h11.EndOfMessage):
                         writer.write(guest.send(answer))
                         await writer.drain()
                     if isinstance(answer, h11.EndOfMessage | h11.ConnectionClosed):
                         break
-                if guest.our_state is not h11.DONE or upstream.our_state is not h11.DONE \
+                if guest.our_state is not h11.DONE or upstream_h11.our_state is not h11.DONE \
                         or guest.their_state is not h11.DONE:
                     return
                 guest.start_next_cycle()
-                upstream.start_next_cycle()
+                upstream_h11.start_next_cycle()
         except h11.ProtocolError:
             return
         finally:
@@ -330,7 +357,32 @@ class EgressProxy:
         if address is None:
             log.info("slot %d: TLS to %s refused: %s", held.slot.index, name, why)
             return
+        templates = transform_for(held.policy, name)
+        if templates and self.interception is not None:
+            await self._intercept(held, header + record, reader, writer, name, address,
+                                  templates)
+            return
         await self._splice(held, header + record, reader, writer, address, 443)
+
+    async def _intercept(self, held: _Slot, hello: bytes, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter, name: str, address: str,
+                         templates: tuple[tuple[str, str], ...]) -> None:
+        """A host with rules over HTTPS: the guest's TLS ends here (a certificate for
+        ``name`` from the platform's CA), the host's is opened and checked by the node, and
+        the requests between are relayed as plain HTTP's are."""
+        interception = self.interception
+        assert interception is not None
+        guest = GuestTls(await interception.server_context(name), reader, writer, hello,
+                         chunk=CHUNK)
+        try:
+            await guest.handshake(FIRST_BYTES_S)
+        except ssl.SSLError as exc:  # the guest does not trust the CA, or speaks no TLS
+            log.info("slot %d: TLS to %s not intercepted: %s", held.slot.index, name,
+                     exc.reason or exc)
+            return
+        await self._relay(held, b"", guest, guest, partial(
+            asyncio.open_connection, address, 443, ssl=interception.upstream,
+            server_hostname=name, ssl_handshake_timeout=CONNECT_S), templates)
 
     async def _splice(self, held: _Slot, first: bytes, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter, address: str, port: int) -> None:
@@ -343,7 +395,7 @@ class EgressProxy:
             up_writer.close()
 
 
-async def _next(connection: h11.Connection, reader: asyncio.StreamReader) -> object:
+async def _next(connection: h11.Connection, reader: _Readable) -> object:
     """The next h11 event, reading more as it needs."""
     while True:
         event = connection.next_event()
@@ -433,9 +485,10 @@ def _host_header(head: bytes) -> str | None:
     return None
 
 
-async def _refuse_http(writer: asyncio.StreamWriter, why: str) -> None:
+async def _refuse_http(writer: _Writable, why: str, *,
+                       status: bytes = b"403 Forbidden") -> None:
     body = f"aenv: egress refused: {why}\n".encode()
-    writer.write(_DENIED % (len(body), body))
+    writer.write(_ANSWER % (status, len(body), body))
     with contextlib.suppress(OSError):
         await writer.drain()
 

@@ -222,6 +222,10 @@ class SlotPool:
         self._blocked.discard(slot.index)
         self._leased[slot.index] = slot
 
+    def egress_ca(self) -> str | None:
+        interception = self.proxy.interception
+        return interception.ca_pem if interception is not None else None
+
     async def set_egress(self, slot: NetSlot, policy: EgressPolicy) -> None:
         """Replace a leased slot's egress policy; it applies from the next packet on, open
         connections included.

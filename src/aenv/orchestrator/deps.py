@@ -69,6 +69,10 @@ class SlotPool(Protocol):
 
     async def set_egress(self, slot: NetSlot, policy: EgressPolicy) -> None: ...
 
+    def egress_ca(self) -> str | None:
+        """The CA (PEM) that ends the TLS of hosts with header rules; None: none does."""
+        ...
+
 
 class RootfsManager(Protocol):
     async def assemble(self, sandbox_id: str, lowers: Sequence[Path], *,

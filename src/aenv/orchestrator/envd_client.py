@@ -68,6 +68,7 @@ class EnvdClient:
         self, *, token: str, env_vars: dict[str, str], user: str, workdir: str | None,
         current_token: str | None = None, renew_boot_id: bool = False,
         volume_mounts: list[dict[str, object]] | None = None,
+        trust_certificates: list[str] | None = None,
     ) -> None:
         """Hand envd its identity. ``workdir`` None: leave envd's as it is (none, for a
         template without WORKDIR: each user's home). ``current_token``: the token envd already
@@ -75,11 +76,12 @@ class EnvdClient:
         ``renew_boot_id``: a new sandbox, not the continuation of the boot its memory image was
         saved from, so it gets a boot id of its own (envd/bootid.py). ``volume_mounts``: the
         volume slots to bind where they belong (envd/volume_binds.py); a path the image
-        cannot take (a file there) is ``InvalidArgument``."""
+        cannot take (a file there) is ``InvalidArgument``. ``trust_certificates``: CAs the
+        sandbox's clients trust from now on (envd/trust_store.py)."""
         try:
             response = await self._post_init(
                 token, env_vars, user, workdir, current_token, renew_boot_id,
-                volume_mounts or [],
+                volume_mounts or [], trust_certificates or [],
             )
         except httpx.HTTPError as exc:
             raise Unavailable(f"envd /init failed: {exc!r}") from exc
@@ -91,10 +93,13 @@ class EnvdClient:
     async def _post_init(
         self, token: str, env_vars: dict[str, str], user: str, workdir: str | None,
         current_token: str | None, renew_boot_id: bool, volume_mounts: list[dict[str, object]],
+        trust_certificates: list[str],
     ) -> httpx.Response:
         body: dict[str, Any] = {"accessToken": token, "envVars": env_vars, "defaultUser": user}
         if volume_mounts:
             body["volumeMounts"] = volume_mounts
+        if trust_certificates:
+            body["trustCertificates"] = trust_certificates
         if workdir:
             body["defaultWorkdir"] = workdir
         if renew_boot_id:
@@ -102,6 +107,16 @@ class EnvdClient:
         return await self._http.post(
             "/init", json=body, headers={"X-Access-Token": current_token or token}
         )
+
+    async def trust(self, token: str, certificates: list[str]) -> None:
+        """Have a running sandbox trust ``certificates`` as well (envd/trust_store.py)."""
+        try:
+            response = await self._http.post("/init", json={"trustCertificates": certificates},
+                                             headers={"X-Access-Token": token})
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"envd /init failed: {exc!r}") from exc
+        if response.status_code != 204:
+            raise Unavailable(f"envd /init failed: {response.status_code} {response.text}")
 
     async def metrics(self, token: str) -> dict[str, Any]:
         response = await self._http.get("/metrics", headers={"X-Access-Token": token})

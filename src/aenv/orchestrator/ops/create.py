@@ -21,7 +21,7 @@ from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.core.states import SandboxState
 from aenv.envd.volume_binds import slot_count
-from aenv.orchestrator import traffic
+from aenv.orchestrator import egress_trust, traffic
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.egress import policy_from
@@ -242,6 +242,7 @@ async def _initialise(
             current_token=booted.template.envd_token,
             renew_boot_id=renew_boot_id,
             volume_mounts=slot_binds(booted.envd_bundle, mounts_of(record.volume_mounts)),
+            trust_certificates=egress_trust.certificates(node, record.network),
         )
     # The lifetime counts from when the sandbox became usable.
     now = node.clock()

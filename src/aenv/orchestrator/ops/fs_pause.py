@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from aenv.core.net import NetSlot
 from aenv.core.states import SandboxState
+from aenv.orchestrator import egress_trust
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_from
 from aenv.orchestrator.envd_client import EnvdClient
@@ -97,7 +98,8 @@ async def reboot(node: Node, record: SandboxRecord) -> tuple[SandboxRecord, dict
             await envd.init(token=record.envd_token, env_vars=record.env_vars,
                             user=template.default_user, workdir=template.default_workdir,
                             current_token=None, renew_boot_id=False,
-                            volume_mounts=slot_binds(bundle, mounts_of(record.volume_mounts)))
+                            volume_mounts=slot_binds(bundle, mounts_of(record.volume_mounts)),
+                            trust_certificates=egress_trust.certificates(node, record.network))
     except BaseException:
         await to_the_end(_undo(node, record, slot, instance))
         raise

@@ -12,9 +12,10 @@ from typing import Any
 
 from aenv.core.errors import Conflict
 from aenv.core.states import SandboxState
-from aenv.orchestrator import traffic
+from aenv.orchestrator import egress_trust, traffic
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_from
+from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import decode
 
 
@@ -31,6 +32,10 @@ async def update_network(
         slot, _ = decode(record.instance, sandbox_id)
         if slot is None:
             raise Conflict(f"sandbox {sandbox_id} has no network to update")
+        if trusted := egress_trust.certificates(node, network):
+            # Before the rules apply: the first intercepted connection must find the CA.
+            async with EnvdClient(node.guests.transport(slot), slot) as envd:
+                await envd.trust(record.envd_token, trusted)
         await node.pool.set_egress(slot, policy)
         await node.store.update(record, allow_internet_access=allow_internet_access,
                                 network=traffic.keep_inbound(record.network, network))
