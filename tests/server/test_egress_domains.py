@@ -7,6 +7,7 @@ node resolves with that server only (``egress_resolvers``): nothing leaves the m
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -27,14 +28,18 @@ for kind, target in json.loads(sys.argv[1]):
         if kind == "resolve":
             out.append(sorted({a[4][0] for a in socket.getaddrinfo(target, 80, socket.AF_INET)}))
             continue
-        ctx = ssl.create_default_context(); ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        with urllib.request.urlopen(f"{kind}://{target}/", timeout=5, context=ctx) as r:
+        ctx = ssl.create_default_context()  # "https-verified": as any client would
+        if kind != "https-verified":
+            ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+        scheme = kind.split("-")[0]
+        with urllib.request.urlopen(f"{scheme}://{target}/", timeout=5, context=ctx) as r:
             out.append([r.status, r.read().decode()])
     except urllib.error.HTTPError as exc:
         out.append([exc.code, exc.read().decode()[:80]])
     except (OSError, urllib.error.URLError) as exc:
         out.append(["error", type(getattr(exc, "reason", exc)).__name__])
+    except Exception as exc:  # http.client's, on a connection closed mid-answer
+        out.append(["error", type(exc).__name__])
 print(json.dumps(out))
 """
 
@@ -52,7 +57,10 @@ def world() -> Iterator[World]:
 
 @pytest.fixture(scope="module")
 def node(world: World) -> Iterator[NodeServer]:
-    with serving(egress_resolvers=json.dumps([world.dns_ip])) as server:
+    # The node trusts the world's CA as it would a public one, for its side of the HTTPS it
+    # ends for header rules.
+    with serving(egress_resolvers=json.dumps([world.dns_ip]),
+                 egress_upstream_ca_file=str(world.ca_file)) as server:
         yield server
 
 
@@ -147,9 +155,17 @@ def test_a_secret_reaches_its_host_and_is_nowhere_in_the_sandbox(
         "rules": {"allowed.test": [{"transform": {"headers": {
             "X-Api-Key": "${e2b.secrets.upstream}"}}}]},
     })
+    keyed = [200, f"A allowed.test key={key_digest(SECRET)}"]
     try:
-        found = _probe(sbx, ("http", "allowed.test"), ("http", "sub.wild.test"))
-        assert found == [[200, f"A allowed.test key={key_digest(SECRET)}"],
+        found = _probe(sbx, ("http", "allowed.test"), ("http", "sub.wild.test"),
+                       ("https-verified", "allowed.test"), ("https-verified", "sub.wild.test"),
+                       ("https", "sub.wild.test"))
+        # Over HTTPS too, checked by the sandbox's own client: it trusts the platform's CA,
+        # which answers for the rule's host only; another host is not intercepted (its
+        # certificate is the world's, which the sandbox does not trust, and unchecked it
+        # answers without the key).
+        assert found == [keyed, [200, "A sub.wild.test"], keyed,
+                         ["error", "SSLCertVerificationError"],
                          [200, "A sub.wild.test"]], found
         # Nowhere inside: not in any process's environment, not in a file it can read. (The
         # pattern is written so that the command itself does not carry the secret in.)
@@ -161,7 +177,30 @@ def test_a_secret_reaches_its_host_and_is_nowhere_in_the_sandbox(
         assert SECRET not in probe.stdout, probe.stdout[-2000:]
         # Nor in its memory: gVisor keeps the guest's memory in a memfd of its sandbox
         # process, read here from the host.
-        assert _guest_memory_holds(sbx.sandbox_id, b"A allowed.test key=")  # the scan works
+        # The scan works: a string a living process holds is found.
+        sbx.commands.run("python3 -c \"import time; held = '-'.join(['scan', 'marker', "
+                         "'held']) * 4; time.sleep(600)\"", background=True)
+        time.sleep(1)
+        assert _guest_memory_holds(sbx.sandbox_id, b"scan-marker-held" * 4)
         assert not _guest_memory_holds(sbx.sandbox_id, SECRET.encode())
+    finally:
+        sbx.kill()
+
+
+def test_rules_given_live_bring_the_platform_ca_with_them(node: NodeServer) -> None:
+    """``update_network`` with rules on a sandbox created without: the sandbox trusts the
+    platform's CA from then on, and its HTTPS to the rule's host carries the header."""
+    sbx = Sandbox.create(timeout=120, network={"allow_out": ["allowed.test"],
+                                                "deny_out": ["0.0.0.0/0"]})
+    try:
+        before = _probe(sbx, ("https-verified", "allowed.test"))
+        assert before == [["error", "SSLCertVerificationError"]], before  # the world's cert
+        sbx.update_network({"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"],
+                            "rules": {"allowed.test": [{"transform": {"headers": {
+                                "X-Api-Key": "plain-value"}}}]}})
+        after = _probe(sbx, ("https-verified", "allowed.test"))
+        assert after == [[200, f"A allowed.test key={key_digest('plain-value')}"]], after
+        env = sbx.commands.run("echo $SSL_CERT_FILE").stdout.strip()
+        assert env == "/etc/ssl/certs/ca-certificates.crt", env
     finally:
         sbx.kill()
