@@ -29,7 +29,8 @@ from tests.network.peers import InternetPeer, sh
 WEB_SERVER = r"""
 import hashlib, ssl, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-address, body, cert, key = sys.argv[1], sys.argv[2].encode(), sys.argv[3], sys.argv[4]
+address, body, cert, key, seen = (sys.argv[1], sys.argv[2].encode(), sys.argv[3], sys.argv[4],
+                                  sys.argv[5])
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
@@ -46,6 +47,10 @@ class H(BaseHTTPRequestHandler):
             # A digest, not the key: what answers a sandbox must not carry the secret in.
             key = self.headers["X-Api-Key"].encode()
             out += b" key=" + hashlib.sha256(key).hexdigest()[:16].encode()
+        if self.headers.get("Authorization"):  # kept for the test, never answered
+            with open(seen, "a") as log:
+                log.write(self.headers["Authorization"] + "\n")
+            out += b" authorized"
         self.send_response(200); self.send_header("Content-Length", str(len(out)))
         self.end_headers(); self.wfile.write(out)
     def log_message(self, *args):
@@ -89,6 +94,8 @@ class World:
     a_ip: str
     b_ip: str
     dns_ip: str
+    #: Every ``Authorization`` header the servers were sent, a line each.
+    authorizations: Path
     #: The CA the servers' certificate is signed by (PEM file; the node is told to trust it
     #: for its side of an intercepted connection, as it trusts a public CA).
     ca_file: Path
@@ -163,16 +170,19 @@ def egress_world(peer: InternetPeer) -> Iterator[World]:
     with tempfile.TemporaryDirectory(prefix="aenv-egress-") as scratch:
         Path(scratch).chmod(0o755)
         cert, key, ca = _certificate(Path(scratch))
-        world = World(a_ip=added[0], b_ip=added[1], dns_ip=peer.ip, ca_file=ca)
+        seen = Path(scratch) / "authorizations"
+        seen.touch()
+        seen.chmod(0o666)
+        world = World(a_ip=added[0], b_ip=added[1], dns_ip=peer.ip, ca_file=ca,
+                      authorizations=seen)
         try:
             for address in added:
                 sh("ip", "-n", peer.netns, "addr", "add", f"{address}/32", "dev", "eth0")
                 sh("ip", "route", "replace", f"{address}/32", "via", peer.router_ip,
                    "dev", peer.host_ifname)
-            processes.append(_start(peer.netns, WEB_SERVER, world.a_ip, "A", str(cert),
-                                    str(key)))
-            processes.append(_start(peer.netns, WEB_SERVER, world.b_ip, "B", str(cert),
-                                    str(key)))
+            for address, name in ((world.a_ip, "A"), (world.b_ip, "B")):
+                processes.append(_start(peer.netns, WEB_SERVER, address, name, str(cert),
+                                        str(key), str(seen)))
             table = ",".join(f"{k}={v}" for k, v in world.names().items())
             processes.append(_start(peer.netns, DNS_SERVER, world.dns_ip, table))
             yield world

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from e2b import Sandbox
@@ -204,3 +205,51 @@ def test_rules_given_live_bring_the_platform_ca_with_them(node: NodeServer) -> N
         assert env == "/etc/ssl/certs/ca-certificates.crt", env
     finally:
         sbx.kill()
+
+
+def test_workload_identity_tokens_reach_their_host_signed_and_verifiable(
+        node: NodeServer, world: World) -> None:
+    """E2B ``iam``: a rule's ``ctx.iam.tokens[name]`` becomes a JWT-SVID the node mints for
+    the sandbox, which the host receives over HTTPS and verifies with the keys the node
+    publishes; the sandbox never sees it. An unregistered name is refused by the SDK, a
+    token type the platform does not mint by the API."""
+    import httpx
+    import jwt
+    from e2b import Secret
+    from e2b.exceptions import InvalidArgumentException, SandboxException
+
+    def transform(ctx: Any) -> dict[str, Any]:
+        return {"headers": {"Authorization": f"Bearer {ctx.iam.tokens['api']}"}}
+
+    before = world.authorizations.read_text().count("\n")
+    sbx = Sandbox.create(timeout=120, iam={"tokens": {"api": Secret.iam_token(
+        audience="https://allowed.test", token_type="JWT-SVID")}}, network={
+        "allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"],
+        "rules": {"allowed.test": [{"transform": transform}]}})
+    try:
+        found = _probe(sbx, ("https-verified", "allowed.test"), ("http", "allowed.test"))
+        assert found == [[200, "A allowed.test authorized"]] * 2, found
+        tokens = world.authorizations.read_text().splitlines()[before:]
+        assert len(tokens) == 2 and all(t.startswith("Bearer ") for t in tokens), tokens
+        token = tokens[0].removeprefix("Bearer ")
+        keys = jwt.PyJWKSet.from_dict(httpx.get(f"{node.url}/.well-known/jwks.json").json())
+        discovery = httpx.get(f"{node.url}/.well-known/openid-configuration").json()
+        header = jwt.get_unverified_header(token)
+        claims = jwt.decode(token, next(k for k in keys.keys if k.key_id == header["kid"]),
+                            algorithms=["ES256"], audience="https://allowed.test",
+                            issuer=discovery["issuer"])
+        assert claims["sub"].endswith(f"/sandbox/{sbx.sandbox_id}"), claims
+        assert claims["exp"] - claims["iat"] <= 300
+        with pytest.raises(jwt.InvalidAudienceError):
+            jwt.decode(token, keys.keys[0], algorithms=["ES256"], audience="https://other")
+        inside = sbx.commands.run("env; cat /proc/*/environ 2>/dev/null", timeout=30)
+        assert token not in inside.stdout
+    finally:
+        sbx.kill()
+    with pytest.raises(InvalidArgumentException):
+        Sandbox.create(timeout=60, iam={"tokens": {"api": Secret.iam_token(
+            audience="x", token_type="JWT-SVID")}}, network={"rules": {"allowed.test": [
+                {"transform": lambda ctx: {"headers": {"A": ctx.iam.tokens["nope"]}}}]}})
+    with pytest.raises(SandboxException):
+        Sandbox.create(timeout=60, iam={"tokens": {"api": Secret.iam_token(
+            audience="x", token_type="X509-SVID")}})

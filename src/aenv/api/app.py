@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv.api import audit, node_status, secrets, teams, templates, volumes
+from aenv.api import audit, identity, node_status, secrets, teams, templates, volumes
 from aenv.api.routes import public, router
 from aenv.core.states import SandboxState
 from aenv.edge import errors
@@ -33,6 +33,7 @@ def build_api(node: Node, api_key: str) -> FastAPI:
     api.include_router(audit.router)
     api.include_router(teams.router)
     api.include_router(secrets.router)
+    api.include_router(identity.router)
     # Outside the routes (it reads the matched route afterwards), inside the error handlers'
     # responses (it records the status they answered).
     api.add_middleware(audit.AuditMiddleware)

@@ -55,6 +55,7 @@ from aenv.orchestrator.ops import snapshot as snapshot_op
 from aenv.orchestrator.ops import template_catalog as catalog_op
 from aenv.orchestrator.tenancy import Caller, Owned
 from aenv.orchestrator.volumes import MountRequest
+from aenv.orchestrator.workload_identity import parse_iam
 
 
 def _touch(request: Request) -> None:
@@ -104,6 +105,7 @@ async def _create(node: Node, body: NewSandbox, caller: Caller) -> SandboxOut:
         auto_resume=bool(body.auto_resume and body.auto_resume.enabled),
         allow_internet_access=body.allow_internet_access,
         network=body.network,
+        identity_tokens=parse_iam(body.iam),
         fork_of=(body.fork_of.template_id, body.fork_of.alias) if body.fork_of else None,
         fresh_boot_id=body.fork_of is None,
         volume_mounts=tuple(MountRequest(m.name, m.path, m.read_only)

@@ -52,6 +52,8 @@ class NewSandbox(_In):
     # E2B's one snake_case key.
     allow_internet_access: bool | None = None
     network: dict[str, Any] | None = None
+    #: Workload identity tokens (orchestrator/workload_identity.py checks the shape).
+    iam: Any = None
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     secure: bool | None = None

@@ -7,7 +7,7 @@ keeps working); the host tells sandboxes apart by their host-side veth, binding 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: Guest side of every slot (inside the sandbox), and the gateway the guest routes through.
 GUEST_IP = "169.254.0.21"
@@ -62,6 +62,11 @@ class EgressPolicy:
     transforms: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
     #: The team whose secrets the transforms name (None: the default team).
     team_id: str | None = None
+    #: E2B's ``iam`` tokens, which the transforms may name as
+    #: ``${e2b.identity.tokens.<name>}``: (name, audience, token type) each, minted by the
+    #: node for ``sandbox_id`` (not part of the comparison: a policy is the same whoever has it).
+    identity: tuple[tuple[str, str, str], ...] = ()
+    sandbox_id: str | None = field(default=None, compare=False)
 
     @property
     def by_name(self) -> bool:

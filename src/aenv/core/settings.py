@@ -220,6 +220,15 @@ class Settings(BaseSettings):
     with (``network.allowOut`` / ``denyOut`` naming domains; docs/security.md). Empty: the
     host's ``/etc/resolv.conf``."""
 
+    identity_issuer: str | None = None
+    """The issuer URL of the workload identity tokens sandboxes' egress rules carry (E2B
+    ``iam``; docs/teams.md): where verifiers find ``/.well-known/openid-configuration`` and
+    the keys, so the public origin of the API (a cluster's gateway). Unset: ``advertise``,
+    else ``http://`` + ``listen``."""
+
+    identity_trust_domain: str = "aenv.local"
+    """The SPIFFE trust domain in the tokens' subjects (``spiffe://<domain>/team/…``)."""
+
     egress_upstream_ca_file: Path | None = None
     """PEM CAs the node trusts, besides the host's own, for the hosts whose HTTPS it ends to
     put in a sandbox's ``network.rules`` headers (a private API's CA; docs/security.md,

@@ -61,7 +61,8 @@ MAX_HEAD = 64 << 10
 FIRST_BYTES_S = 30.0
 CONNECT_S = 10.0
 CHUNK = 64 << 10
-_PLACEHOLDER = re.compile(r"\$\{(e2b\.secrets\.[A-Za-z0-9_-]+)\}")
+_PLACEHOLDER = re.compile(r"\$\{(e2b\.(?:secrets|identity\.tokens)\.[^}]+)\}")
+_IDENTITY = "e2b.identity.tokens."
 _ANSWER = (b"HTTP/1.1 %s\r\nContent-Type: text/plain\r\nConnection: close\r\n"
            b"Content-Length: %d\r\n\r\n%s")
 
@@ -150,6 +151,9 @@ class EgressProxy:
         #: The value of a team's secret by name (None: not set), for the rules' headers; set
         #: by the node (orchestrator/secrets.py), None: no secret is ever put in.
         self.reveal: Callable[[str | None, str], Awaitable[str | None]] | None = None
+        #: A workload identity token of the policy's sandbox by name (None: not registered),
+        #: set by the node (orchestrator/workload_identity.py); None: none is ever put in.
+        self.mint: Callable[[EgressPolicy, str], Awaitable[str | None]] | None = None
         #: The CA that ends the TLS of hosts with rules (egress_tls.py), set by the node;
         #: None: HTTPS passes through untouched and its rules set nothing.
         self.interception: Interception | None = None
@@ -274,10 +278,17 @@ class EgressProxy:
         for name, template in templates:
             value = template
             for placeholder in set(_PLACEHOLDER.findall(template)):
-                secret = placeholder.removeprefix("e2b.secrets.")
-                found = await self.reveal(held.policy.team_id, secret) if self.reveal else None
-                if found is None:
-                    return f"secret '{secret}' is not set"
+                if placeholder.startswith(_IDENTITY):
+                    token = placeholder.removeprefix(_IDENTITY)
+                    found = await self.mint(held.policy, token) if self.mint else None
+                    if found is None:
+                        return f"iam token '{token}' cannot be minted"
+                else:
+                    secret = placeholder.removeprefix("e2b.secrets.")
+                    found = (await self.reveal(held.policy.team_id, secret) if self.reveal
+                             else None)
+                    if found is None:
+                        return f"secret '{secret}' is not set"
                 value = value.replace("${" + placeholder + "}", found)
             out.append((name, value))
         return out

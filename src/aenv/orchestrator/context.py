@@ -27,6 +27,7 @@ from aenv.orchestrator.supervisor import Supervisor
 from aenv.orchestrator.team_quota import QuotaGate
 from aenv.orchestrator.tenancy import Tenancy
 from aenv.orchestrator.volumes import Volumes
+from aenv.orchestrator.workload_identity import Issuer
 from aenv.runtime.base import Runtime
 from aenv.storage.images import ImageStore
 from aenv.storage.layers import LayerStore
@@ -135,6 +136,8 @@ class Node:
     tenancy: Tenancy
     #: The teams' secrets, sealed (``secrets.py``).
     secrets: Vault
+    #: Mints the workload identity tokens egress rules name (``workload_identity.py``).
+    identity: Issuer
     #: Owns every background loop (``supervisor.py``).
     supervisor: Supervisor = field(default_factory=Supervisor)
     streams: StreamRegistry = field(default_factory=StreamRegistry)

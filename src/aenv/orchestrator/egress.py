@@ -18,6 +18,8 @@ from typing import Any
 from aenv.core.errors import InvalidArgument
 from aenv.core.net import EgressPolicy
 from aenv.network.egress_rules import domain_pattern
+from aenv.orchestrator.workload_identity import TokenSpec
+from aenv.store.models import SandboxRecord
 
 #: At most this many entries in allowOut or denyOut.
 MAX_ENTRIES = 1000
@@ -63,14 +65,18 @@ def _dns_servers(value: Any) -> None:
                                   ) from None
 
 
-#: A value's placeholders: ``${e2b.secrets.<name>}`` only (workload identity tokens are not
-#: minted here).
+#: A value's placeholders: ``${e2b.secrets.<name>}``, and ``${e2b.identity.tokens.<name>}``
+#: of a token the sandbox's ``iam`` registers (orchestrator/workload_identity.py).
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 SECRET = re.compile(r"^e2b\.secrets\.([A-Za-z0-9_-]{1,128})$")
+IDENTITY_PREFIX = "e2b.identity.tokens."
 MAX_HEADERS = 32
 
 
-def _transforms(value: Any) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+def _transforms(value: Any, tokens: frozenset[str] | None,
+                ) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """The rules' headers; ``tokens``: the names of the sandbox's iam tokens (None: not known
+    here, as for a live update, whose body carries no iam: checked against the record)."""
     if value is None:
         return ()
     if not isinstance(value, dict) or len(value) > 100:
@@ -97,11 +103,17 @@ def _transforms(value: Any) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ..
                     raise InvalidArgument(f"network.rules[{host!r}]: headers are one-line "
                                           "strings")
                 for placeholder in PLACEHOLDER.findall(text):
-                    if not SECRET.match(placeholder):
+                    if SECRET.match(placeholder):
+                        continue
+                    token = placeholder.removeprefix(IDENTITY_PREFIX)
+                    if token == placeholder:
                         raise InvalidArgument(
-                            f"network.rules[{host!r}]: ${{{placeholder}}} is not "
-                            "${e2b.secrets.<name>} (workload identity tokens are not "
-                            "supported on this platform yet)")
+                            f"network.rules[{host!r}]: ${{{placeholder}}} is neither "
+                            "${e2b.secrets.<name>} nor ${e2b.identity.tokens.<name>}")
+                    if tokens is not None and token not in tokens:
+                        raise InvalidArgument(
+                            f"network.rules[{host!r}]: iam token {token!r} is not "
+                            "registered in the sandbox's iam.tokens")
                 headers[name] = text
         if len(headers) > MAX_HEADERS:
             raise InvalidArgument(f"network.rules[{host!r}]: at most {MAX_HEADERS} headers")
@@ -110,7 +122,10 @@ def _transforms(value: Any) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ..
 
 
 def policy_from(allow_internet_access: bool | None, network: dict[str, Any] | None,
-                team_id: str | None = None) -> EgressPolicy:
+                team_id: str | None = None, *, identity: tuple[TokenSpec, ...] = (),
+                sandbox_id: str | None = None) -> EgressPolicy:
+    """``identity``: the sandbox's iam tokens, which its rules may name; ``sandbox_id``: whom
+    they are minted for."""
     network = network or {}
     allow, allow_domains = _entries(network.get("allowOut"), "allowOut")
     deny, deny_domains = _entries(network.get("denyOut"), "denyOut")
@@ -122,5 +137,18 @@ def policy_from(allow_internet_access: bool | None, network: dict[str, Any] | No
         allow_internet=allow_internet_access is not False,
         allow_out=allow, deny_out=deny,
         allow_domains=allow_domains, deny_domains=deny_domains,
-        transforms=_transforms(network.get("rules")), team_id=team_id,
+        transforms=_transforms(network.get("rules"), frozenset(t.name for t in identity)),
+        team_id=team_id,
+        identity=tuple((t.name, t.audience, t.token_type) for t in identity),
+        sandbox_id=sandbox_id,
     )
+
+
+def policy_of(record: SandboxRecord) -> EgressPolicy:
+    """The policy a sandbox's record says (its rules were checked when they were given)."""
+    return policy_from(record.allow_internet_access, record.network, record.team_id,
+                       identity=identity_of(record), sandbox_id=record.sandbox_id)
+
+
+def identity_of(record: SandboxRecord) -> tuple[TokenSpec, ...]:
+    return tuple(TokenSpec(**t) for t in record.identity_tokens or ())

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
-from aenv.orchestrator.egress import policy_from
+from aenv.orchestrator.egress import policy_of
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
 from aenv.orchestrator.ops.fs_pause import filesystem_only
 from aenv.orchestrator.ops.pause import image_dir, spill
@@ -294,8 +294,7 @@ async def apply(node: Node, record: SandboxRecord, action: Action,
         if instance is None and observed is not None and slot is not None:
             instance = Instance(sid, observed.runtime_id, observed.pid, slot)
         if slot is not None and not live:
-            await node.pool.adopt(slot, policy_from(record.allow_internet_access,
-                                                    record.network, record.team_id))
+            await node.pool.adopt(slot, policy_of(record))
         await node.rootfs.ensure_mounted(sid)
         data = dict(record.instance or {})
         if instance is not None:

@@ -160,4 +160,8 @@ MIGRATIONS: list[str] = [
         UNIQUE (team_id, name)
     );
     """,
+    # 9: a sandbox's workload identity tokens (E2B iam; orchestrator/workload_identity.py)
+    """
+    ALTER TABLE sandboxes ADD COLUMN identity_tokens TEXT;
+    """,
 ]

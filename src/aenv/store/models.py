@@ -42,6 +42,9 @@ class SandboxRecord:
     #: The team that owns it (``orchestrator/tenancy.py``); None: the default team (a record
     #: from before teams).
     team_id: str | None = None
+    #: E2B's ``iam`` tokens: ``[{"name", "audience", "token_type"}]``, which its egress rules
+    #: may name (``orchestrator/workload_identity.py``); None: none.
+    identity_tokens: list[dict[str, str]] | None = None
 
     def evolve(self, **changes: Any) -> SandboxRecord:
         return replace(self, **changes)
@@ -52,7 +55,8 @@ class SandboxRecord:
 #: stop a listing nor the node's recovery (which tears such a sandbox down).
 UNREADABLE = "unreadable"
 
-JSON_COLUMNS = {"metadata", "env_vars", "network", "instance", "volume_mounts"}
+JSON_COLUMNS = {"metadata", "env_vars", "network", "instance", "volume_mounts",
+                "identity_tokens"}
 BOOL_COLUMNS = {"auto_pause", "auto_resume", "auto_pause_memory"}
 COLUMNS = [f.name for f in fields(SandboxRecord)]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.team_quota import team_starts
 from aenv.orchestrator.unwind import to_the_end
 from aenv.orchestrator.volumes import Mounted, MountRequest, mounts_of, slot_binds
+from aenv.orchestrator.workload_identity import TokenSpec
 from aenv.store.models import SandboxRecord
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class CreateParams:
     inherited_volumes: tuple[Mounted, ...] = ()
     #: The team it is made for (``orchestrator/tenancy.py``; None: the default team).
     team_id: str | None = None
+    #: E2B's ``iam`` tokens its egress rules may name (``workload_identity.py``).
+    identity_tokens: tuple[TokenSpec, ...] = ()
 
 
 async def create(node: Node, params: CreateParams) -> SandboxRecord:
@@ -112,7 +115,8 @@ async def create_from(node: Node, template: Template, params: CreateParams, *,
                       detach: bool = True) -> SandboxRecord:
     """Create a sandbox of an already resolved ``template`` (a fork child's template is the
     parent's memory image). Contract: as the module's."""
-    policy = policy_from(params.allow_internet_access, params.network, params.team_id)
+    policy = policy_from(params.allow_internet_access, params.network, params.team_id,
+                         identity=params.identity_tokens)
     traffic.check(params.network)
     if template.volume_mounts and not (params.volume_mounts or params.inherited_volumes):
         # A snapshot of a sandbox with volumes: its image has them mounted, so its sandboxes
@@ -165,7 +169,9 @@ async def _create(node: Node, template: Template, params: CreateParams, policy: 
         instance=(instance_json(warm.slot, warm.instance, envd_bundle=warm.envd_bundle)
                   if warm else instance_json(pre.slot, pre.instance) if pre else None),
         team_id=params.team_id,
+        identity_tokens=[asdict(t) for t in params.identity_tokens] or None,
     )
+    policy = replace(policy, sandbox_id=record.sandbox_id)
     # The create is the new sandbox's first operation: a kill of it meanwhile cancels the
     # create, which abandons its record (``_abandon``) before the kill's teardown runs.
     return await node.owners.run(

@@ -39,6 +39,7 @@ from aenv.core.timeouts import timeout_or_default
 from aenv.orchestrator import disk_mode
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
+from aenv.orchestrator.egress import identity_of
 from aenv.orchestrator.instance_codec import envd_bundle_of
 from aenv.orchestrator.ops.create import CreateParams, check_capacity, create_from
 from aenv.orchestrator.ops.snapshot import back_to_running, checkpoint_running
@@ -116,6 +117,7 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
             auto_resume=record.auto_resume,
             allow_internet_access=record.allow_internet_access,
             network=record.network,
+            identity_tokens=identity_of(record),
             fresh_boot_id=False,  # a child continues its parent's boot
             team_id=record.team_id,
             # The parent keeps writing its volumes; its children read them (one writer).

@@ -29,7 +29,7 @@ from aenv.core.net import NetSlot
 from aenv.core.states import SandboxState
 from aenv.orchestrator import egress_trust
 from aenv.orchestrator.context import Node
-from aenv.orchestrator.egress import policy_from
+from aenv.orchestrator.egress import policy_of
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import decode, envd_bundle_of, instance_json
 from aenv.orchestrator.ops.boot import sandbox_spec
@@ -82,8 +82,7 @@ async def reboot(node: Node, record: SandboxRecord) -> tuple[SandboxRecord, dict
     slot: NetSlot | None = None
     instance: Instance | None = None
     try:
-        slot = await node.pool.acquire(policy_from(record.allow_internet_access, record.network,
-                                                      record.team_id))
+        slot = await node.pool.acquire(policy_of(record))
         record = await node.store.update(
             record, instance={**(record.instance or {}), "slot": instance_json(slot, None)["slot"]})
         rootfs = await node.rootfs.ensure_mounted(sid)

@@ -14,7 +14,7 @@ from aenv.core.errors import Conflict
 from aenv.core.states import SandboxState
 from aenv.orchestrator import egress_trust, traffic
 from aenv.orchestrator.context import Node
-from aenv.orchestrator.egress import policy_from
+from aenv.orchestrator.egress import identity_of, policy_from
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import decode
 
@@ -22,8 +22,9 @@ from aenv.orchestrator.instance_codec import decode
 async def update_network(
     node: Node, sandbox_id: str, allow_internet_access: bool | None, network: dict[str, Any]
 ) -> None:
-    policy = policy_from(allow_internet_access, network,
-                         (await node.store.require(sandbox_id)).team_id)
+    held = await node.store.require(sandbox_id)
+    policy = policy_from(allow_internet_access, network, held.team_id,
+                         identity=identity_of(held), sandbox_id=sandbox_id)
 
     async def owned() -> None:
         record = await node.store.require(sandbox_id)

@@ -35,7 +35,7 @@ from aenv.core.net import EgressPolicy, NetSlot
 from aenv.core.states import SandboxState
 from aenv.orchestrator import paused_repo
 from aenv.orchestrator.context import Node
-from aenv.orchestrator.egress import policy_from
+from aenv.orchestrator.egress import policy_of
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import (
     decode,
@@ -176,7 +176,7 @@ async def _restore(
         await _to_paused(node, record)
         raise FailedPrecondition(f"paused sandbox {sid} has no memory image")
     bundle = envd_bundle_of(record.instance, node.envd_bundle)
-    policy = policy_from(record.allow_internet_access, record.network, record.team_id)
+    policy = policy_of(record)
     slot: NetSlot | None = None
     instance: Instance | None = None
     try:
