@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import ipaddress
 import subprocess
 import sys
 import tempfile
@@ -29,11 +30,15 @@ from tests.network.peers import InternetPeer, sh
 WEB_SERVER = r"""
 import hashlib, ssl, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-address, body, cert, key, seen = (sys.argv[1], sys.argv[2].encode(), sys.argv[3], sys.argv[4],
-                                  sys.argv[5])
+address, body, cert, key, seen, status = (sys.argv[1], sys.argv[2].encode(), sys.argv[3],
+                                          sys.argv[4], sys.argv[5], int(sys.argv[6]))
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
+        if status != 200:  # a public address's stand-in: its redirect, as the real one
+            self.send_response(status); self.send_header("Location", "https://example.test/")
+            self.send_header("Content-Length", "0"); self.end_headers()
+            return
         if self.path.startswith("/bulk?"):  # n bytes (bench/egress_bench.py)
             size = int(self.path.split("?")[1])
             self.send_response(200); self.send_header("Content-Length", str(size))
@@ -105,6 +110,10 @@ class World:
                 "sub.wild.test": self.a_ip, "denied.test": self.b_ip}
 
 
+#: Public addresses E2B's own SDK tests reach, stood up here with the status their real
+#: servers answer ``curl https://<address>`` with (``egress_world(public=True)``).
+PUBLIC = {"1.1.1.1": 301, "8.8.8.8": 302}
+
 #: The names the servers' certificate is for: ``wild.test`` is left out, so that a client
 #: checking a connection to it fails (a host whose certificate is not its own).
 CERTIFIED = ("allowed.test", "sub.wild.test", "denied.test")
@@ -139,8 +148,9 @@ def _certificate(directory: Path) -> tuple[Path, Path, Path]:
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(days=1))
             .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in CERTIFIED]),
-                           critical=False)
+            .add_extension(x509.SubjectAlternativeName(
+                [*(x509.DNSName(n) for n in CERTIFIED),
+                 *(x509.IPAddress(ipaddress.IPv4Address(a)) for a in PUBLIC)]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
                 ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
@@ -163,9 +173,13 @@ def _start(netns: str, code: str, *args: str) -> subprocess.Popen[str]:
 
 
 @contextlib.contextmanager
-def egress_world(peer: InternetPeer) -> Iterator[World]:
-    """Servers A and B and the DNS server, on addresses added to ``peer`` for the test."""
+def egress_world(peer: InternetPeer, *, public: bool = False) -> Iterator[World]:
+    """Servers A and B and the DNS server, on addresses added to ``peer`` for the test;
+    ``public``: the stand-ins of ``PUBLIC`` too (routed to ``peer`` from the host while the
+    world stands: the host's own traffic to them stays on the machine as well)."""
     added = [f"198.51.100.{peer.tag + 64}", f"198.51.100.{peer.tag + 192}"]
+    if public:
+        added += list(PUBLIC)
     processes: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="aenv-egress-") as scratch:
         Path(scratch).chmod(0o755)
@@ -180,9 +194,11 @@ def egress_world(peer: InternetPeer) -> Iterator[World]:
                 sh("ip", "-n", peer.netns, "addr", "add", f"{address}/32", "dev", "eth0")
                 sh("ip", "route", "replace", f"{address}/32", "via", peer.router_ip,
                    "dev", peer.host_ifname)
-            for address, name in ((world.a_ip, "A"), (world.b_ip, "B")):
+            servers = [(world.a_ip, "A", 200), (world.b_ip, "B", 200)]
+            servers += [(a, a, PUBLIC[a]) for a in added if a in PUBLIC]
+            for address, name, status in servers:
                 processes.append(_start(peer.netns, WEB_SERVER, address, name, str(cert),
-                                        str(key), str(seen)))
+                                        str(key), str(seen), str(status)))
             table = ",".join(f"{k}={v}" for k, v in world.names().items())
             processes.append(_start(peer.netns, DNS_SERVER, world.dns_ip, table))
             yield world
