@@ -28,6 +28,7 @@ have umoci || need+=(umoci)              # builds test images (tests)
 have docker-registry || need+=(docker-registry)  # a local registry (tests)
 have wrk || need+=(wrk)                  # the proxy benchmark (bench/proxy_bench.py)
 have redis-server || need+=(redis-server)  # cluster mode's state (tests start their own)
+{ have danted && have microsocks; } || need+=(dante-server microsocks)  # SOCKS5 servers (tests)
 updated=0
 update() { if [ "$updated" = 0 ]; then apt-get update -qq; updated=1; fi; }
 if [ ${#need[@]} -gt 0 ]; then
