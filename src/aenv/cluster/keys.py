@@ -77,3 +77,27 @@ class Keys:
     def credentials_used(self) -> str:
         """Hash: credential id → its last use (Unix seconds)."""
         return f"{self.prefix}:credentials-used"
+
+    @property
+    def secrets(self) -> str:
+        """Hash: secret id → the secret (``SecretRow`` as JSON, its value sealed)
+        (``secret_store.py``)."""
+        return f"{self.prefix}:secrets"
+
+    def secret_names(self, team_id: str) -> str:
+        """Hash: a team's secret names → secret ids (names are unique per team)."""
+        return f"{self.prefix}:team:{team_id}:secret-names"
+
+    def secret_order(self, team_id: str) -> str:
+        """Sorted set, every score 0: a team's secret names, for listing them in order."""
+        return f"{self.prefix}:team:{team_id}:secret-order"
+
+    @property
+    def audit(self) -> str:
+        """Stream: the cluster's audit log, entry ``<seq>-0`` (``audit_store.py``)."""
+        return f"{self.prefix}:audit"
+
+    @property
+    def audit_seq(self) -> str:
+        """String: the last ``seq`` given to an audit entry."""
+        return f"{self.prefix}:audit-seq"

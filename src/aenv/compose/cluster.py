@@ -1,15 +1,23 @@
-"""Joining a cluster: the node's heartbeat to Redis and peer fetch of blobs from other nodes."""
+"""Joining a cluster: the node's heartbeat to Redis, peer fetch of blobs from other nodes,
+and where the state every node shares lives (teams and keys, secrets, the audit log): the
+node's own database alone, or the cluster's Redis."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from aenv.cluster.heartbeat import Heartbeat
 from aenv.cluster.peer_fetch import PeerBlobs
 from aenv.compose.parts import api_key_for
 from aenv.core.settings import Settings
+from aenv.orchestrator.audit import AuditRows
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.secrets import SecretRows
 from aenv.orchestrator.team_directory import LocalDirectory, TeamDirectory
+from aenv.store.audit import AuditStore
+from aenv.store.secrets import SecretStore
 from aenv.store.sqlite import Store
 from aenv.store.tenancy import TenancyStore
 
@@ -35,6 +43,43 @@ def team_directory(settings: Settings, store: Store) -> TeamDirectory:
     from aenv.cluster.team_directory import RedisDirectory
 
     return RedisDirectory(connect(settings.cluster))
+
+
+def secret_store(settings: Settings, store: Store,
+                 stack: contextlib.AsyncExitStack) -> SecretRows:
+    """Where the node's secrets live: its own database, or in cluster mode the cluster's
+    Redis (a secret set through any node is every node's; closed by ``stack``)."""
+    if not settings.cluster:
+        return SecretStore(store.db)
+    from aenv.cluster.redis_client import connect
+    from aenv.cluster.secret_store import RedisSecretStore
+
+    shared = RedisSecretStore(connect(settings.cluster))
+    stack.push_async_callback(_quietly, "the cluster's secrets", shared.close)
+    return shared
+
+
+def audit_store(settings: Settings, store: Store,
+                stack: contextlib.AsyncExitStack) -> AuditRows:
+    """Where the node's audit log is written: its own database, or in cluster mode the
+    cluster's Redis stream, one log of every node (kept to about ``audit_max_entries``;
+    closed by ``stack``, after the trail's last flush)."""
+    if not settings.cluster:
+        return AuditStore(store.db)
+    from aenv.cluster.audit_store import RedisAuditStore
+    from aenv.cluster.redis_client import connect
+
+    shared = RedisAuditStore(connect(settings.cluster), settings.audit_max_entries)
+    stack.push_async_callback(_quietly, "the cluster's audit log", shared.close)
+    return shared
+
+
+async def _quietly(what: str, close: Callable[[], Awaitable[object]]) -> None:
+    """A shutdown step whose failure is logged: the rest of the shutdown goes on."""
+    try:
+        await close()
+    except Exception:
+        log.exception("closing %s failed", what)
 
 
 def join_peers(settings: Settings, heartbeat: Heartbeat) -> PeerBlobs:

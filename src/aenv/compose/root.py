@@ -23,7 +23,13 @@ from functools import partial
 
 from aenv.cluster.peer_fetch import PeerBlobs
 from aenv.compose import parts
-from aenv.compose.cluster import join_cluster, join_peers, team_directory
+from aenv.compose.cluster import (
+    audit_store,
+    join_cluster,
+    join_peers,
+    secret_store,
+    team_directory,
+)
 from aenv.core.errors import AenvError
 from aenv.core.settings import Settings
 from aenv.network.guest_http import GuestConnector
@@ -59,8 +65,6 @@ from aenv.storage.layers import LayerStore
 from aenv.storage.rootfs import RootfsStore
 from aenv.storage.volume_catalog import VolumeCatalog
 from aenv.storage.volume_images import VolumeImages
-from aenv.store.audit import AuditStore
-from aenv.store.secrets import SecretStore
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
 from aenv.store.tenancy import TenancyStore
@@ -140,9 +144,9 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         host_requirements=catalog.host, workspaces=workspaces,
         volumes=Volumes(settings, VolumeCatalog(repository.store), VolumeImages(settings.home),
                         node_id(settings)),
-        audit=AuditTrail(AuditStore(store.db), settings.audit_max_entries),
+        audit=AuditTrail(audit_store(settings, store, stack), settings.audit_max_entries),
         tenancy=Tenancy(team_directory(settings, store), TenancyStore(store.db)),
-        secrets=Vault(SecretStore(store.db), parts.api_key_for(settings)),
+        secrets=Vault(secret_store(settings, store, stack), parts.api_key_for(settings)),
         supervisor=Supervisor(),
         admission=Admission(max_starts=settings.max_concurrent_starts,
                             max_waiting=settings.max_queued_starts,

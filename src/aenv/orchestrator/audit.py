@@ -8,15 +8,21 @@ so an entry is readable as soon as its request has been answered; the node's shu
 the rest. An entry that cannot be written is logged and dropped, never retried forever: the
 log is an account of the node, not part of its state.
 
-Owns: the pending entries; nothing else writes the audit table.
+Where entries are written is :class:`AuditRows`: the node's database (``store/audit.py``),
+or in cluster mode the cluster's Redis stream (``cluster/audit_store.py``), into which every
+node writes, so that ``GET /audit`` on any node reads the whole cluster's log.
+
+Owns: the pending entries; nothing else writes the audit log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
+from typing import Protocol
 
-from aenv.store.audit import AuditStore
+from aenv.core.errors import Unavailable
 from aenv.store.models import AuditEntry
 
 log = logging.getLogger("aenv.orchestrator.audit")
@@ -27,8 +33,22 @@ FLUSH_S = 0.5
 MAX_PENDING = 10_000
 
 
+class AuditRows(Protocol):
+    """The log's store. ``append`` writes entries in order, each given the next ``seq``
+    (growing, never reused); ``query`` reads newest first (highest ``seq`` first), at most
+    ``limit`` entries older than ``before`` and matching every filter given; ``keep_newest``
+    drops all but about the newest ``count`` and says how many went. Every method may raise
+    the store's own errors (``Unavailable``: it cannot be reached)."""
+
+    async def append(self, entries: Sequence[AuditEntry]) -> None: ...
+    async def query(self, *, limit: int, before: int | None = None,
+                    object_id: str | None = None, actor: str | None = None,
+                    team_id: str | None = None) -> list[AuditEntry]: ...
+    async def keep_newest(self, count: int) -> int: ...
+
+
 class AuditTrail:
-    def __init__(self, store: AuditStore, keep: int) -> None:
+    def __init__(self, store: AuditRows, keep: int) -> None:
         self.store = store
         self.keep = keep
         self._pending: list[AuditEntry] = []
@@ -50,11 +70,15 @@ class AuditTrail:
                 self._dropped = 0
             try:
                 await self.store.append(batch)
+                if batch:
+                    await self.store.keep_newest(self.keep)
+            except Unavailable as exc:
+                # The cluster's store is down (Redis): one line each time, not a traceback
+                # every half second of an outage.
+                log.warning("audit: %d entries could not be written: %s", len(batch),
+                            exc.message)
             except Exception:
                 log.exception("audit: %d entries could not be written", len(batch))
-                return
-            if batch:
-                await self.store.keep_newest(self.keep)
 
     async def run_flush_loop(self) -> None:
         while True:

@@ -11,6 +11,11 @@ only :meth:`Vault.reveal` opens one, for the egress proxy.
 
 Changing the operator key makes the stored values unreadable (the secrets must be set
 again); the node says so in the error of each use.
+
+Where the sealed rows are kept is :class:`SecretRows`: the node's database
+(``store/secrets.py``), or in cluster mode the cluster's Redis (``cluster/secret_store.py``),
+so that a secret set through any node or gateway is there for every node's sandboxes. Either
+holds only what :class:`Vault` sealed.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import re
 import secrets as token
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -29,7 +35,6 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from aenv.core.errors import AlreadyExists, Conflict, InvalidArgument, NotFound
 from aenv.store.models import SecretRow
-from aenv.store.secrets import SecretStore
 
 NAME = re.compile(r"^[a-z0-9_-]{1,128}$")
 MAX_VALUE = 16 << 10
@@ -60,8 +65,24 @@ def _check_value(value: str) -> bytes:
     return raw
 
 
+class SecretRows(Protocol):
+    """A store of teams' sealed secrets. Names are unique per team (``insert`` raises
+    ``AlreadyExists`` for a name the team has); ``update`` and ``delete`` of a secret that is
+    gone do nothing; ``list`` is a team's secrets ordered by name (bytewise), those after
+    ``after``. Every method may raise the store's own errors (``Unavailable``: it cannot be
+    reached)."""
+
+    async def insert(self, row: SecretRow) -> None: ...
+    async def update(self, row: SecretRow) -> None: ...
+    async def get(self, team_id: str, id_or_name: str) -> SecretRow | None: ...
+    async def list(self, team_id: str, *, after: str | None,
+                   limit: int) -> builtins.list[SecretRow]: ...
+    async def delete(self, secret_id: str) -> None: ...
+    async def count(self, team_id: str) -> int: ...
+
+
 class Vault:
-    def __init__(self, store: SecretStore, operator_key: str,
+    def __init__(self, store: SecretRows, operator_key: str,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.clock = clock
