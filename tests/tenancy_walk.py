@@ -18,7 +18,8 @@ OWN = {
     ("GET", "/teams"), ("GET", "/api-keys"), ("POST", "/api-keys"),
     ("POST", "/access-tokens"), ("GET", "/secrets"), ("POST", "/secrets"),
 }
-PUBLIC = {("GET", "/health")}
+PUBLIC = {("GET", "/health"), ("GET", "/.well-known/jwks.json"),
+          ("GET", "/.well-known/openid-configuration")}
 #: B's own creates from what is not A's: refused for the body they are sent (400/422).
 OWN_INVALID = {("POST", "/sandboxes-cold")}
 

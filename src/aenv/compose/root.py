@@ -15,6 +15,7 @@ the warm and pre-created pools, the cluster heartbeat.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,7 +32,9 @@ from aenv.compose.cluster import (
     team_directory,
 )
 from aenv.core.errors import AenvError
+from aenv.core.net import EgressPolicy
 from aenv.core.settings import Settings
+from aenv.network.egress_tls import Interception
 from aenv.network.guest_http import GuestConnector
 from aenv.network.pool import NetConfig, SlotPool
 from aenv.orchestrator.admission import Admission
@@ -59,6 +62,7 @@ from aenv.orchestrator.tenancy import Tenancy
 from aenv.orchestrator.ttl import run_ttl_loop
 from aenv.orchestrator.volumes import Volumes
 from aenv.orchestrator.warm import WarmPool
+from aenv.orchestrator.workload_identity import Issuer, TokenSpec
 from aenv.runtime import reaper
 from aenv.runtime.registry import build_runtime
 from aenv.storage.layers import LayerStore
@@ -147,6 +151,8 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         audit=AuditTrail(audit_store(settings, store, stack), settings.audit_max_entries),
         tenancy=Tenancy(team_directory(settings, store), TenancyStore(store.db)),
         secrets=Vault(secret_store(settings, store, stack), parts.api_key_for(settings)),
+        identity=Issuer(parts.api_key_for(settings), _issuer_url(settings),
+                        settings.identity_trust_domain),
         supervisor=Supervisor(),
         admission=Admission(max_starts=settings.max_concurrent_starts,
                             max_waiting=settings.max_queued_starts,
@@ -197,6 +203,9 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         if t.name != code_interpreter.NAME])
     _closing(stack, "the keys' last use", node.tenancy.flush_last_used)
     pool.proxy.reveal = partial(_reveal, node)
+    pool.proxy.mint = partial(_mint, node)
+    pool.proxy.interception = await asyncio.to_thread(
+        _interception, settings, parts.api_key_for(settings))
     if published := await publish_pending(node):
         log.info("published %d paused sandboxes to the repository", published)
     if failed := await node.builder.recover():
@@ -237,6 +246,27 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
             stack.push_async_callback(_leave_peers, node, peers)
     # Entered last, closed first: every background loop stops before what it used closes.
     _closing(stack, "the supervisor", node.supervisor.close)
+
+
+def _interception(settings: Settings, operator_key: str) -> Interception:
+    """The egress CA (the operator key's: one per cluster) and its leaves' directory."""
+    made = Interception(operator_key.encode(), settings.home / "egress-tls",
+                        upstream_cafile=settings.egress_upstream_ca_file)
+    made.prepare()
+    return made
+
+
+def _issuer_url(settings: Settings) -> str:
+    return settings.identity_issuer or settings.advertise or f"http://{settings.listen}"
+
+
+async def _mint(node: Node, policy: EgressPolicy, name: str) -> str | None:
+    """A workload identity token the policy's sandbox registered (None: it did not)."""
+    for token, audience, token_type in policy.identity:
+        if token == name and policy.sandbox_id is not None:
+            return node.identity.mint(policy.sandbox_id, policy.team_id,
+                                      TokenSpec(token, audience, token_type))
+    return None
 
 
 async def _reveal(node: Node, team_id: str | None, name: str) -> str | None:

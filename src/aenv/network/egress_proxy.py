@@ -48,6 +48,7 @@ import dns.resolver
 import dns.rrset
 import h11
 
+from aenv.core.errors import AenvError
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import egress_rules, nft
 from aenv.network.egress_tls import GuestTls, Interception
@@ -285,8 +286,11 @@ class EgressProxy:
                         return f"iam token '{token}' cannot be minted"
                 else:
                     secret = placeholder.removeprefix("e2b.secrets.")
-                    found = (await self.reveal(held.policy.team_id, secret) if self.reveal
-                             else None)
+                    try:
+                        found = (await self.reveal(held.policy.team_id, secret) if self.reveal
+                                 else None)
+                    except AenvError as exc:  # the secrets' store cannot be read now
+                        return f"secret '{secret}' cannot be read: {exc.message}"
                     if found is None:
                         return f"secret '{secret}' is not set"
                 value = value.replace("${" + placeholder + "}", found)
