@@ -16,6 +16,7 @@ import ipaddress
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,8 @@ class World:
         return {"allowed.test": self.a_ip, "wild.test": self.a_ip,
                 "sub.wild.test": self.a_ip, "denied.test": self.b_ip}
 
+
+SOCKS_PORT = 1080
 
 #: Public addresses E2B's own SDK tests reach, stood up here with the status their real
 #: servers answer ``curl https://<address>`` with (``egress_world(public=True)``).
@@ -210,3 +213,24 @@ def egress_world(peer: InternetPeer, *, public: bool = False) -> Iterator[World]
                 sh("ip", "route", "del", f"{address}/32", check=False)
                 sh("ip", "-n", peer.netns, "addr", "del", f"{address}/32", "dev", "eth0",
                    check=False)
+
+
+@contextlib.contextmanager
+def socks5(peer: InternetPeer, username: str, password: str) -> Iterator[str]:
+    """A real SOCKS5 server (Debian's microsocks) in ``peer``'s namespace, with a username and
+    password: its ``host:port``."""
+    server = subprocess.Popen(
+        ["nsenter", f"--net=/run/netns/{peer.netns}", "--", "microsocks", "-i", peer.ip,
+         "-p", str(SOCKS_PORT), "-u", username, "-P", password],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while "LISTEN" not in subprocess.run(
+                ["nsenter", f"--net=/run/netns/{peer.netns}", "--", "ss", "-Hltn",
+                 f"sport = :{SOCKS_PORT}"], capture_output=True, text=True).stdout:
+            assert time.monotonic() < deadline, "microsocks did not listen"
+            time.sleep(0.05)
+        yield f"{peer.ip}:{SOCKS_PORT}"
+    finally:
+        server.kill()
+        server.wait()

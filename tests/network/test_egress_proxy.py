@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,9 @@ from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network.egress_tls import Interception
 from aenv.network.pool import SlotPool
 from aenv.orchestrator.egress import policy_from
-from tests.network.egress_world import World, egress_world, key_digest
+from tests.network.egress_world import World, egress_world, key_digest, socks5
 from tests.network.fixtures import ours, pool_config
-from tests.network.peers import InternetPeer
+from tests.network.peers import ECHO_PORT, InternetPeer
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.anyio]
 
@@ -65,6 +66,11 @@ for kind, *args in json.loads(sys.argv[1]):
             reply = dns.query.udp(dns.message.make_query(name, "A"), server, timeout=3)
             out.append({"rcode": dns.rcode.to_text(reply.rcode()),
                         "a": sorted(r.to_text() for rr in reply.answer for r in rr)})
+        elif kind == "echo":  # the echo server's greeting: who it saw connect
+            ip, port = args
+            with socket.create_connection((ip, int(port)), timeout=5) as sock:
+                line = sock.makefile().readline().strip()
+            out.append({"greeting": line} if line else {"error": "closed"})
         elif kind == "https-ca":
             ip, host, cafile = args
             sock, status, body = http(ip, host, port=443, cafile=cafile)
@@ -304,6 +310,51 @@ async def _secret_api(team: str | None, name: str) -> str | None:
     return "s3cr3t" if name == "api" and team == "team-1" else None
 
 
+@pytest.fixture
+def socks(internet: InternetPeer) -> Iterator[str]:
+    with socks5(internet, "agent", "pässwort") as address:
+        yield address
+
+
+async def test_an_egress_proxy_carries_every_tcp_connection_the_rules_allow(
+        proxied_pool: SlotPool, world: World, internet: InternetPeer, socks: str) -> None:
+    """E2B ``egressProxy``: a slot's TCP, any port, leaves through the SOCKS5 upstream (the
+    server sees the proxy, not the node); the address rules still decide first; a name rule
+    and a header rule keep working through it; the proxy gone (or the password wrong) means
+    no connection, never a direct one."""
+    proxied_pool.proxy.reveal = _secret_api
+    upstream = {"address": socks, "username": "agent", "password": "pässwort"}
+    direct = await proxied_pool.acquire(_policy())
+    tunnelled = await proxied_pool.acquire(policy_from(None, {
+        "egressProxy": upstream, "denyOut": [world.b_ip],
+        "allowOut": ["allowed.test"],
+        "rules": {"allowed.test": [{"transform": {"headers": {
+            "X-Api-Key": "${e2b.secrets.api}"}}}]}}, team_id="team-1"))
+    echo = ["echo", internet.ip, str(ECHO_PORT)]
+    straight, through = await asyncio.gather(
+        _guest(direct, [echo]), _guest(tunnelled, [
+            echo, ["echo", internet.private_ip, str(ECHO_PORT)],
+            ["http", world.a_ip, "allowed.test"], ["http", world.b_ip, "denied.test"]]))
+    seen_direct = str(straight[0]["greeting"]).split()[1].split(":")[0]
+    seen_tunnel = str(through[0]["greeting"]).split()[1].split(":")[0]
+    assert seen_direct == internet.host_ip, straight  # the node's side of the peer link
+    assert seen_tunnel == internet.ip, through        # the proxy's own address
+    assert through[1] == {"error": "closed"}, through  # an internal range: not tunnelled
+    assert through[2] == {"status": 200,
+                          "body": f"A allowed.test key={key_digest('s3cr3t')}"}, through
+    assert through[3]["status"] == 403, through  # denied by address, over HTTP
+    # A wrong password, then no proxy at all: nothing gets out, and nothing goes direct.
+    for wrong in ({**upstream, "password": "nope"},
+                  {"address": f"{internet.ip}:1081"}):
+        await proxied_pool.set_egress(tunnelled, policy_from(None, {"egressProxy": wrong}))
+        refused = await _guest(tunnelled, [echo])
+        assert refused == [{"error": "closed"}] or "error" in refused[0], refused
+    # Tunnelling off: straight out again, on the same slot.
+    await proxied_pool.set_egress(tunnelled, _policy())
+    again = await _guest(tunnelled, [echo])
+    assert str(again[0]["greeting"]).split()[1].startswith(internet.host_ip + ":"), again
+
+
 def test_policies_parse_names_and_refuse_nonsense() -> None:
     policy = _policy(allowOut=["API.Example.com.", "*.svc.test", "10.0.0.0/8"],
                      denyOut=["0.0.0.0/0", "bad.test"])
@@ -320,4 +371,5 @@ def test_policies_parse_names_and_refuse_nonsense() -> None:
         with pytest.raises(InvalidArgument):
             _policy(rules=rules)
     with pytest.raises(InvalidArgument, match="egressProxy"):
-        _policy(egressProxy={"address": "proxy.test:1080"})
+        _policy(egressProxy={"address": "proxy.test"})  # no port
+    assert _policy(egressProxy={"address": "proxy.test:1080"}).egress_proxy is not None

@@ -49,6 +49,8 @@ ROUTES: list[dict[str, Any]] = [
     {"dst": "169.254.0.20/30", "dev": "aenv-h7", "scope": "link", "prefsrc": "169.254.0.22"},
     {"dst": "198.18.0.7", "gateway": "169.254.0.21", "dev": "aenv-h7"},
     {"type": "local", "dst": "169.254.0.22", "dev": "aenv-h7", "table": "local"},
+    # The egress tunnel's TPROXY delivery (nft.TUNNEL_TABLE): every address, locally.
+    {"type": "local", "dst": "default", "dev": "lo", "table": "4145"},
 ]
 
 

@@ -19,7 +19,7 @@ import pytest
 from e2b import Sandbox, SandboxNetworkOpts
 from e2b.sandbox.commands.command_handle import CommandExitException
 
-from tests.network.egress_world import World, egress_world, key_digest
+from tests.network.egress_world import World, egress_world, key_digest, socks5
 from tests.network.peers import InternetPeer
 from tests.server.harness import NodeServer, serving
 
@@ -30,14 +30,19 @@ REFUSED = "curl --connect-timeout 3 --max-time 5 -Is https://{}"
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
-    peer = InternetPeer()
-    peer.start()
+def peer() -> Iterator[InternetPeer]:
+    made = InternetPeer()
+    made.start()
     try:
-        with egress_world(peer, public=True) as made:
-            yield made
+        yield made
     finally:
-        peer.stop()
+        made.stop()
+
+
+@pytest.fixture(scope="module")
+def world(peer: InternetPeer) -> Iterator[World]:
+    with egress_world(peer, public=True) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +134,27 @@ def test_update_network_clears_existing_rules(sandbox_factory) -> None:  # type:
     sbx.update_network({})
     assert _code(sbx, "1.1.1.1") == "301"
     assert _code(sbx, "8.8.8.8") == "302"
+
+
+def test_egress_proxy_tunnels_the_sandbox_and_hides_its_password(
+        sandbox_factory, peer: InternetPeer) -> None:  # type: ignore[no-untyped-def]
+    """``network.egress_proxy`` (a real SOCKS5 server standing in for the user's): the
+    sandbox's TCP leaves through it, info shows it without the password, and an update that
+    leaves it out sends the sandbox straight out again (the SDK's replace semantics)."""
+    from tests.network.peers import ECHO_PORT
+
+    greet = (f"python3 -c \"import socket; s = socket.create_connection(('{peer.ip}', "
+             f"{ECHO_PORT}), timeout=5); print(s.makefile().readline().split()[1])\"")
+    with socks5(peer, "agent", "s3cret-pass") as address:
+        sbx = sandbox_factory(network=SandboxNetworkOpts(egress_proxy={
+            "address": address, "username": "agent", "password": "s3cret-pass"}))
+        seen = sbx.commands.run(greet).stdout.strip()
+        assert seen.split(":")[0] == peer.ip, seen  # the proxy's address, not the node's
+        assert _code(sbx, "1.1.1.1") == "301"       # HTTPS through it too
+        network = sbx.get_info().network
+        assert network is not None
+        shown = network.get("egress_proxy") or network.get("egressProxy")
+        assert shown and shown["address"] == address and "password" not in shown, network
+        sbx.update_network({})
+        seen = sbx.commands.run(greet).stdout.strip()
+        assert seen.split(":")[0] == peer.host_ip, seen

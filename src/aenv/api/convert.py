@@ -15,7 +15,7 @@ from aenv.api.schemas import (
 from aenv.core.settings import Settings
 from aenv.core.states import SandboxState
 from aenv.envd import ENVD_VERSION
-from aenv.orchestrator import traffic
+from aenv.orchestrator import egress, traffic
 from aenv.orchestrator.liveness import Verdict
 from aenv.store.models import SandboxRecord
 
@@ -68,7 +68,7 @@ def detail(record: SandboxRecord, settings: Settings,
         envdAccessToken=record.envd_token,
         domain=settings.sandbox_domain,
         allowInternetAccess=record.allow_internet_access,
-        network=record.network,
+        network=egress.shown(record.network),
         lifecycle=Lifecycle(
             onTimeout="pause" if record.auto_pause else "kill", autoResume=record.auto_resume,
             autoPauseMemory=record.auto_pause_memory,

@@ -66,6 +66,9 @@ class EgressPolicy:
     #: ``${e2b.identity.tokens.<name>}``: (name, audience, token type) each, minted by the
     #: node for ``sandbox_id`` (not part of the comparison: a policy is the same whoever has it).
     identity: tuple[tuple[str, str, str], ...] = ()
+    #: E2B's ``egressProxy``: a SOCKS5 upstream all TCP leaves through (after the rules
+    #: above), as canonical JSON (network/socks_upstream.py parses it); None: straight out.
+    egress_proxy: str | None = None
     sandbox_id: str | None = field(default=None, compare=False)
 
     @property

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import re
 import socket
@@ -52,6 +54,7 @@ from aenv.core.errors import AenvError
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import egress_rules, nft
 from aenv.network.egress_tls import GuestTls, Interception
+from aenv.network.socks_upstream import SocksUpstream, open_via
 
 log = logging.getLogger("aenv.network.egress")
 
@@ -125,10 +128,12 @@ class _Slot:
     closers: list[Callable[[], None]] = field(default_factory=list)
 
 
-def _bound(ifname: str, kind: int, port: int) -> socket.socket:
+def _bound(ifname: str, kind: int, port: int, *, transparent: bool = False) -> socket.socket:
     sock = socket.socket(socket.AF_INET, kind)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if transparent:  # TPROXY's: it accepts connections to any address (nft.py)
+            sock.setsockopt(socket.SOL_IP, socket.IP_TRANSPARENT, 1)
         # Bound to the slot's veth: replies go out through it (every guest has one address),
         # and one port serves every slot, a listener each.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
@@ -164,7 +169,7 @@ class EgressProxy:
     async def apply(self, slot: NetSlot, policy: EgressPolicy) -> None:
         """Serve ``slot`` with ``policy`` (listeners made on first use), or stop serving it
         when the policy names no domain."""
-        if not policy.by_name:
+        if not (policy.by_name or policy.egress_proxy):
             self.detach(slot.index)
             return
         held = self._slots.get(slot.index)
@@ -174,8 +179,10 @@ class EgressProxy:
         held = _Slot(slot, policy)
         try:
             for port, handler in ((nft.PROXY_HTTP_PORT, self._http),
-                                  (nft.PROXY_TLS_PORT, self._tls)):
-                sock = _bound(slot.host_ifname, socket.SOCK_STREAM, port)
+                                  (nft.PROXY_TLS_PORT, self._tls),
+                                  (nft.PROXY_TUNNEL_PORT, self._tunnel)):
+                sock = _bound(slot.host_ifname, socket.SOCK_STREAM, port,
+                              transparent=port == nft.PROXY_TUNNEL_PORT)
                 server = await asyncio.start_server(self._accepting(handler, held), sock=sock,
                                                     limit=MAX_HEAD)
                 held.closers.append(server.close)
@@ -266,11 +273,12 @@ class EgressProxy:
             await _refuse_http(writer, why)
             return
         templates = transform_for(held.policy, host)
+        name = None if _is_ip(host) else host.strip().lower().rstrip(".")
         if templates:
             await self._relay(held, head, reader, writer,
-                              partial(asyncio.open_connection, address, 80), templates)
+                              partial(self._open, held.policy, address, 80, name), templates)
             return
-        await self._splice(held, head, reader, writer, address, 80)
+        await self._splice(held, head, reader, writer, address, 80, name)
 
     async def _headers(self, held: _Slot, templates: tuple[tuple[str, str], ...]
                        ) -> list[tuple[str, str]] | str:
@@ -377,7 +385,7 @@ class EgressProxy:
             await self._intercept(held, header + record, reader, writer, name, address,
                                   templates)
             return
-        await self._splice(held, header + record, reader, writer, address, 443)
+        await self._splice(held, header + record, reader, writer, address, 443, name)
 
     async def _intercept(self, held: _Slot, hello: bytes, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter, name: str, address: str,
@@ -396,13 +404,52 @@ class EgressProxy:
                      exc.reason or exc)
             return
         await self._relay(held, b"", guest, guest, partial(
-            asyncio.open_connection, address, 443, ssl=interception.upstream,
-            server_hostname=name, ssl_handshake_timeout=CONNECT_S), templates)
+            self._open, held.policy, address, 443, name, tls=interception.upstream), templates)
+
+    async def _tunnel(self, held: _Slot, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        """Any other TCP of a slot with a SOCKS5 upstream: the address it dialled (the
+        transparent socket's own) judged by the policy, then through the upstream."""
+        address, port = writer.get_extra_info("sockname")[:2]
+        verdict = self._address_verdict(held.policy, address, named=False)
+        if not verdict.allowed:
+            log.info("slot %d: TCP to %s:%d refused: %s", held.slot.index, address, port,
+                     verdict.why)
+            return
+        await self._splice(held, b"", reader, writer, address, port, None)
+
+    async def _open(self, policy: EgressPolicy, address: str, port: int, name: str | None,
+                    *, tls: ssl.SSLContext | None = None,
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to ``address`` (decided on for ``name``, when a name decided),
+        straight or through the policy's SOCKS5 upstream; ``tls``: TLS on it, checked for
+        ``name``. The upstream is given the address, not the name (E2B gives the name): the
+        address is what the policy judged, and a proxy resolving the name again could be
+        answered another one."""
+        if policy.egress_proxy is None:
+            return await asyncio.wait_for(asyncio.open_connection(
+                address, port, ssl=tls, server_hostname=name if tls else None,
+                ssl_handshake_timeout=CONNECT_S if tls else None), CONNECT_S)
+        up_reader, up_writer = await open_via(_upstream(policy.egress_proxy), address, port,
+                                              timeout_s=CONNECT_S)
+        if tls is not None:
+            try:
+                await up_writer.start_tls(tls, server_hostname=name,
+                                          ssl_handshake_timeout=CONNECT_S)
+            except BaseException:
+                up_writer.close()
+                raise
+        return up_reader, up_writer
 
     async def _splice(self, held: _Slot, first: bytes, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter, address: str, port: int) -> None:
-        up_reader, up_writer = await asyncio.wait_for(
-            asyncio.open_connection(address, port), CONNECT_S)
+                      writer: asyncio.StreamWriter, address: str, port: int,
+                      name: str | None) -> None:
+        try:
+            up_reader, up_writer = await self._open(held.policy, address, port, name)
+        except OSError as exc:
+            log.info("slot %d: %s:%d cannot be reached: %s", held.slot.index,
+                     name or address, port, exc)
+            return
         try:
             up_writer.write(first)
             await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
@@ -479,6 +526,11 @@ class _Dns(asyncio.DatagramProtocol):
         allowed = [a for a in found if self.proxy._address_verdict(
             policy, a, named=by_name is not None).allowed]
         return allowed or None
+
+
+@functools.lru_cache(maxsize=256)
+def _upstream(canonical: str) -> SocksUpstream:
+    return SocksUpstream.parse(json.loads(canonical))
 
 
 def _is_ip(host: str) -> bool:

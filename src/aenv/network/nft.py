@@ -30,6 +30,14 @@ makes three things non-obvious, each solved by a part of the table:
   guest's traffic to the host, so the proxy's replies (locally generated, from a socket bound
   to the slot's veth) find their connection and are un-NATed. A guest cannot reach the
   proxy's ports but through the DNAT (``guest_to_host`` accepts only DNATed connections).
+* **A SOCKS5 upstream takes all TCP.** A slot in ``tunnelled`` (E2B ``egressProxy``) has
+  every TCP connection but to the gateway (and but 80/443 when it is also ``intercepted``)
+  taken by TPROXY (``tunnel``, at mangle priority, before any NAT) to the egress proxy's
+  tunnel listener, marked ``TUNNEL_MARK`` so that the host's routing delivers it locally
+  (slots.py's rule and table). The destination is not rewritten: the transparent listener's
+  accepted socket *is* the guest's destination, whatever conntrack zone the connection is in
+  (``SO_ORIGINAL_DST`` only looks in zone 0). Zone ``n`` in both directions, as for the
+  DNATed ports; the proxy applies the policy's address rules itself.
 
 Isolation: a guest reaches nothing on the host but replies to the host's own connections; no
 guest reaches another (forward between veths is dropped; other slots' return addresses are in
@@ -88,6 +96,14 @@ RETURN_NET = "198.18.0.0/15"
 PROXY_HTTP_PORT = 49080
 PROXY_TLS_PORT = 49443
 PROXY_DNS_PORT = 49053
+#: Where a slot in ``tunnelled`` (E2B ``egressProxy``) has every other TCP connection sent, by
+#: TPROXY: the egress proxy's tunnel listener (transparent, so the accepted socket's own
+#: address is the one the guest dialled), which opens it through the SOCKS5 upstream.
+PROXY_TUNNEL_PORT = 49100
+#: The mark TPROXY puts on those packets, and the routing table that delivers marked packets
+#: locally (slots.py writes the rule and the route).
+TUNNEL_MARK = 0x4145
+TUNNEL_TABLE = 4145
 
 
 def chain_of(index: int) -> str:
@@ -114,6 +130,7 @@ def render_table(*, return_net: str = RETURN_NET, internal: Iterable[str] = INTE
     {_interval_set("internal", internal)}
     set node_nets {{ type ipv4_addr; flags interval; }}
     set intercepted {{ type ifname; }}
+    set tunnelled {{ type ifname; }}
 
     chain guest_raw {{
         type filter hook prerouting priority raw; policy accept;
@@ -123,7 +140,15 @@ def render_table(*, return_net: str = RETURN_NET, internal: Iterable[str] = INTE
         ip daddr {GATEWAY_IP} ct zone set iifname map @zone_of_if return
         iifname @intercepted tcp dport {{ 80, 443 }} ct zone set iifname map @zone_of_if return
         iifname @intercepted udp dport 53 ct zone set iifname map @zone_of_if return
+        iifname @tunnelled meta l4proto tcp ct zone set iifname map @zone_of_if return
         ct original zone set iifname map @zone_of_if
+    }}
+    chain tunnel {{
+        type filter hook prerouting priority mangle; policy accept;
+        iifname != @tunnelled return
+        ip daddr {GATEWAY_IP} return
+        iifname @intercepted tcp dport {{ 80, 443 }} return
+        meta l4proto tcp tproxy ip to :{PROXY_TUNNEL_PORT} meta mark set {TUNNEL_MARK} accept
     }}
     chain host_raw {{
         type filter hook output priority raw; policy accept;
@@ -154,6 +179,7 @@ def render_table(*, return_net: str = RETURN_NET, internal: Iterable[str] = INTE
         iifname @intercepted ct status dnat tcp dport {{ {PROXY_HTTP_PORT}, {PROXY_TLS_PORT} }} \
             accept
         iifname @intercepted ct status dnat udp dport {PROXY_DNS_PORT} accept
+        iifname @tunnelled meta l4proto tcp meta mark {TUNNEL_MARK} accept
         drop
     }}
     chain intercept {{
@@ -269,6 +295,7 @@ def remove_slot_script(entry: SlotEntry) -> str:
     return (
         add_slot_script(entry, None)
         + "".join(line + "\n" for line in _intercept_lines(entry.index, False))
+        + "".join(line + "\n" for line in _set_lines("tunnelled", entry.index, False))
         + f'delete element {QUALIFIED} egress_of_if {{ "{entry.ifname}" }}\n'
         + f"delete element {QUALIFIED} return_of_zone {{ {entry.index} }}\n"
         + f'delete element {QUALIFIED} zone_of_if {{ "{entry.ifname}" }}\n'
@@ -283,6 +310,7 @@ def _policy_lines(index: int, policy: EgressPolicy) -> list[str]:
         f"flush chain {QUALIFIED} {chain}",
         *(f"add rule {QUALIFIED} {chain} {rule}" for rule in policy_rules(policy)),
         *_intercept_lines(index, policy.by_name),
+        *_set_lines("tunnelled", index, policy.egress_proxy is not None),
     ]
 
 
@@ -292,10 +320,14 @@ def policy_script(index: int, policy: EgressPolicy) -> str:
 
 
 def _intercept_lines(index: int, on: bool) -> list[str]:
+    return _set_lines("intercepted", index, on)
+
+
+def _set_lines(name: str, index: int, on: bool) -> list[str]:
     element = f'{{ "{HOST_IF_PREFIX}{index}" }}'
-    add = f"add element {QUALIFIED} intercepted {element}"
+    add = f"add element {QUALIFIED} {name} {element}"
     # Removal is idempotent the nft 1.0.6 way: add, then delete.
-    return [add] if on else [add, f"delete element {QUALIFIED} intercepted {element}"]
+    return [add] if on else [add, f"delete element {QUALIFIED} {name} {element}"]
 
 
 @dataclass

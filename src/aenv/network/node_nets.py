@@ -51,7 +51,9 @@ def from_routes(routes: Iterable[Mapping[str, Any]]) -> tuple[Network, ...]:
             continue  # a slot's own subnet, address or return route
         dst = _network(route.get("dst"))
         if route.get("type") in ("local", "anycast"):
-            if dst is not None:
+            if dst is not None and dst.prefixlen > 0:
+                # (``local default``: a TPROXY's delivery table — the egress tunnel's,
+                # nft.TUNNEL_TABLE — not addresses of the node)
                 nets.append(dst)
             continue
         gateways = [_network(hop.get("gateway")) for hop in hops]

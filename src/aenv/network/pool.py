@@ -118,6 +118,7 @@ class SlotPool:
         On failure: raises ``Internal``; nothing runs.
         """
         slots.ensure_forwarding()
+        await slots.ensure_tunnel_routing(nft.TUNNEL_MARK, nft.TUNNEL_TABLE)
         self._table_fresh = await nft.ensure_table(self._ruleset)
         await self.refresh_node_nets(force=True)
         # Leftovers are blocked before the refill starts, table-only ones (a netns deleted by

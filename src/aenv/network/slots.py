@@ -210,6 +210,22 @@ def ensure_forwarding() -> None:
         )
 
 
+async def ensure_tunnel_routing(mark: int, table: int) -> None:
+    """Deliver packets marked ``mark`` locally (the TPROXY of a slot's TCP to the egress
+    proxy's tunnel listener, nft.py): an ``ip rule`` to routing table ``table`` and its one
+    ``local`` route. Idempotent; both are left in place at exit (harmless: nothing else sets
+    the mark).
+
+    On failure: raises ``Internal``.
+    """
+    rules = await proc.run(["ip", "-4", "rule", "show", "fwmark", hex(mark)],
+                           timeout=IP_TIMEOUT_S, check=False)
+    if f"lookup {table}" not in rules.text:
+        await _ip(["ip", "-4", "-batch", "-"],
+                  f"rule add fwmark {hex(mark)} lookup {table} priority 100")
+    await _ip(["ip", "-4", "-batch", "-"], f"route replace local 0.0.0.0/0 dev lo table {table}")
+
+
 def _write_sysctl(path: Path, value: str) -> None:
     try:
         path.write_text(value)

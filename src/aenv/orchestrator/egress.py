@@ -7,17 +7,21 @@ egress proxy on the request's Host or TLS SNI, with the sandbox's DNS answered b
 (network/egress_proxy.py). An allowed name or address wins (E2B's order). ``dnsServers`` is
 accepted and kept (E2B opens its firewall to them); here every DNS query of a sandbox with
 domain rules is answered by the node, whichever server it is sent to.
+``network.egressProxy`` sends every TCP connection the rules allow through a SOCKS5
+upstream (network/socks_upstream.py).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from typing import Any
 
 from aenv.core.errors import InvalidArgument
 from aenv.core.net import EgressPolicy
 from aenv.network.egress_rules import domain_pattern
+from aenv.network.socks_upstream import SocksUpstream
 from aenv.orchestrator.workload_identity import TokenSpec
 from aenv.store.models import SandboxRecord
 
@@ -130,9 +134,8 @@ def policy_from(allow_internet_access: bool | None, network: dict[str, Any] | No
     allow, allow_domains = _entries(network.get("allowOut"), "allowOut")
     deny, deny_domains = _entries(network.get("denyOut"), "denyOut")
     _dns_servers(network.get("dnsServers"))
-    if network.get("egressProxy") is not None:
-        raise InvalidArgument("network.egressProxy (a SOCKS5 upstream) is not supported on "
-                              "this platform yet")
+    proxy = network.get("egressProxy")
+    upstream = SocksUpstream.parse(proxy) if proxy is not None else None
     return EgressPolicy(
         allow_internet=allow_internet_access is not False,
         allow_out=allow, deny_out=deny,
@@ -141,7 +144,21 @@ def policy_from(allow_internet_access: bool | None, network: dict[str, Any] | No
         team_id=team_id,
         identity=tuple((t.name, t.audience, t.token_type) for t in identity),
         sandbox_id=sandbox_id,
+        egress_proxy=(json.dumps(upstream.as_json(with_secrets=True), sort_keys=True)
+                      if upstream is not None else None),
     )
+
+
+def shown(network: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``network`` as a sandbox's info shows it: its ``egressProxy`` without the password
+    and the CA (E2B's ``SandboxEgressProxyInfo``)."""
+    if not network or network.get("egressProxy") is None:
+        return network
+    try:
+        proxy = SocksUpstream.parse(network["egressProxy"]).as_json()
+    except InvalidArgument:
+        proxy = None
+    return {**network, "egressProxy": proxy}
 
 
 def policy_of(record: SandboxRecord) -> EgressPolicy:
