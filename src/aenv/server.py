@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
 
 import uvicorn
 
@@ -39,7 +40,17 @@ EXECUTOR_THREADS = 48
 
 class _Server(uvicorn.Server):
     """uvicorn re-raises SIGTERM/SIGINT once it has shut down, which kills the process before
-    our own clean-up (warm pool, network pool, store) runs. Stop serving, never re-raise."""
+    our own clean-up (warm pool, network pool, store) runs. Stop serving, never re-raise.
+    ``followers``: servers of the same app on other listeners, stopped with this one."""
+
+    def __init__(self, config: uvicorn.Config, followers: list[uvicorn.Server]) -> None:
+        super().__init__(config)
+        self.followers = followers
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        for follower in self.followers:
+            follower.should_exit = True
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -51,6 +62,14 @@ class _Server(uvicorn.Server):
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+
+
+class _Follower(uvicorn.Server):
+    """A server that leaves the signals to the one it follows."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def take_locks(settings: Settings) -> list[HeldLock]:
@@ -75,22 +94,36 @@ async def serve(settings: Settings) -> None:
     async with running_node(settings) as node:
         proxy = Proxy(node)
         app = NodeApp(build_api(node, key), proxy, BodyLimits.of(settings))
-        config = uvicorn.Config(
-            app, host=settings.host, port=settings.port, loop="asyncio",
-            # httptools, guarded: head size, header-read timeout, slow connections per client.
-            http=protocol_class(ConnectionLimits.of(settings)),
-            ws="websockets-sansio", lifespan="off", access_log=False, log_level=settings.log_level,
-            timeout_keep_alive=settings.idle_timeout_s, server_header=False,
-        )
-        server = _Server(config)
+        followers: list[uvicorn.Server] = []
+        if settings.tls_listen:
+            host, _, port = settings.tls_listen.rpartition(":")
+            followers.append(_Follower(_config(
+                app, settings, host or "0.0.0.0", int(port),
+                ssl_certfile=str(settings.tls_cert_file),
+                ssl_keyfile=str(settings.tls_key_file))))
+        server = _Server(_config(app, settings, settings.host, settings.port), followers)
         console.print(f"[bold green]aenv[/] serving on http://{settings.listen}  "
                       f"(E2B_API_URL=E2B_SANDBOX_URL=http://{settings.listen})")
+        if settings.tls_listen:
+            console.print(f"and on https://{settings.tls_listen}")
         if not settings.api_key:
             console.print(f"API key: [bold]{key}[/] (stored in {settings.home / 'api_key'})")
         try:
-            await server.serve()
+            await asyncio.gather(server.serve(), *(f.serve() for f in followers))
         finally:
             await proxy.aclose()
+
+
+def _config(app: NodeApp, settings: Settings, host: str, port: int, *,
+            ssl_certfile: str | None = None, ssl_keyfile: str | None = None) -> uvicorn.Config:
+    return uvicorn.Config(
+        app, host=host, port=port, loop="asyncio",
+        # httptools, guarded: head size, header-read timeout, slow connections per client.
+        http=protocol_class(ConnectionLimits.of(settings)),
+        ws="websockets-sansio", lifespan="off", access_log=False, log_level=settings.log_level,
+        timeout_keep_alive=settings.idle_timeout_s, server_header=False,
+        ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+    )
 
 
 def main(settings: Settings | None = None) -> None:

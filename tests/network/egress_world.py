@@ -10,9 +10,7 @@ Names (``NAMES``): ``allowed.test`` and ``sub.wild.test`` and ``wild.test`` → 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import hashlib
-import ipaddress
 import subprocess
 import sys
 import tempfile
@@ -21,11 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
+from tests.certs import issue
 from tests.network.peers import InternetPeer, sh
 
 WEB_SERVER = r"""
@@ -122,50 +116,6 @@ PUBLIC = {"1.1.1.1": 301, "8.8.8.8": 302}
 CERTIFIED = ("allowed.test", "sub.wild.test", "denied.test")
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def _certificate(directory: Path) -> tuple[Path, Path, Path]:
-    """(the servers' certificate, its key, the world's CA that signed it)."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress test world CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(days=1))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(
-              digital_signature=True, content_commitment=False, key_encipherment=False,
-              data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-              encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
-                         critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress test")]))
-            .issuer_name(ca_name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [*(x509.DNSName(n) for n in CERTIFIED),
-                 *(x509.IPAddress(ipaddress.IPv4Address(a)) for a in PUBLIC)]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    cert_path, key_path, ca_path = (directory / "cert.pem", directory / "key.pem",
-                                    directory / "ca.pem")
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(_key_pem(key))
-    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    ca_path.chmod(0o644)
-    return cert_path, key_path, ca_path
-
-
 def _start(netns: str, code: str, *args: str) -> subprocess.Popen[str]:
     process = subprocess.Popen(
         ["nsenter", f"--net=/run/netns/{netns}", "--", sys.executable, "-c", code, *args],
@@ -186,7 +136,7 @@ def egress_world(peer: InternetPeer, *, public: bool = False) -> Iterator[World]
     processes: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="aenv-egress-") as scratch:
         Path(scratch).chmod(0o755)
-        cert, key, ca = _certificate(Path(scratch))
+        cert, key, ca = issue(Path(scratch), CERTIFIED, PUBLIC, ca_name="egress test world CA")
         seen = Path(scratch) / "authorizations"
         seen.touch()
         seen.chmod(0o666)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -436,6 +436,19 @@ class Settings(BaseSettings):
     sandbox_domain: str | None = None
     """Returned as ``domain`` to clients (shapes ``get_host``); unset means the SDK default."""
 
+    tls_listen: str | None = None
+    """Where the node also serves its API and proxy over HTTPS (``0.0.0.0:443``), with
+    ``tls_cert_file``: sandbox hostnames as E2B serves them, ``https://{port}-{id}.{domain}``
+    (``sandbox_domain`` names the domain; docs/deployment.md, "HTTPS hostnames"). Unset: HTTP
+    on ``listen`` only."""
+
+    tls_cert_file: Path | None = None
+    """The certificate (PEM, chain included) of the HTTPS listener: a wildcard for
+    ``*.<sandbox_domain>`` and the API's own name."""
+
+    tls_key_file: Path | None = None
+    """The certificate's private key (PEM)."""
+
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Server log level."""
 
@@ -449,6 +462,15 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return config_sources(settings_cls, init_settings, env_settings)
+
+    @model_validator(mode="after")
+    def _tls_whole(self) -> Settings:
+        given = (self.tls_listen, self.tls_cert_file, self.tls_key_file)
+        if any(v is not None for v in given) and not all(v is not None for v in given):
+            raise ValueError("tls_listen, tls_cert_file and tls_key_file go together")
+        if self.tls_listen is not None and not self.tls_listen.rpartition(":")[2].isdigit():
+            raise ValueError("tls_listen is host:port")
+        return self
 
     def repository_location(self) -> str:
         """The repository setting, with its default filled in."""

@@ -63,9 +63,11 @@ def _request_head(scope: Scope) -> tuple[bytes, bool, bool]:
         elif name == b"transfer-encoding":
             has_body = chunked = True
         if name not in _HOP_BY_HOP:
-            lines.append(key + b": " + value)
+            # ASGI gives names lower-cased; a server in the sandbox sees them as E2B's proxy
+            # (Go's) sends them, canonical (``X-Api-Key``): some print or match them as sent.
+            lines.append(key.title() + b": " + value)
     if chunked:
-        lines.append(b"transfer-encoding: chunked")
+        lines.append(b"Transfer-Encoding: chunked")
     lines.append(b"\r\n")
     return b"\r\n".join(lines), has_body, chunked
 
