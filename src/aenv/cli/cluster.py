@@ -104,7 +104,9 @@ def gateway(
     settings, url = _settings(GatewaySettings, cluster=cluster, scheduler=scheduler,
                               api_key=api_key)
     # The nodes' limits (AENV_MAX_BODY_BYTES, ...: docs/limits.md) hold at the gateway too.
+    tls = ({"ssl_certfile": str(settings.tls_cert_file),
+            "ssl_keyfile": str(settings.tls_key_file)} if settings.tls_cert_file else {})
     _serve(create_app(connect(url), settings.scheduler, settings.api_key,
                       limits=settings.body_limits()), listen,
            http=protocol_class(settings.connection_limits()),
-           timeout_keep_alive=settings.idle_timeout_s)
+           timeout_keep_alive=settings.idle_timeout_s, **tls)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import copy
 import sys
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -88,6 +89,13 @@ class GatewaySettings(RoleSettings):
     on the control plane before it reserves anything; ``--api-key`` wins. Unset: not checked
     at the gateway (the nodes still check it)."""
 
+    tls_cert_file: Path | None = None
+    """With ``tls_key_file``: the gateway serves HTTPS on its listen address with this
+    certificate (PEM; a wildcard for ``*.<sandbox domain>``: docs/deployment.md, "HTTPS
+    hostnames"). Unset: HTTP."""
+    tls_key_file: Path | None = None
+    """The private key (PEM) of the gateway's ``tls_cert_file``."""
+
     max_body_bytes: int = _node_field("max_body_bytes")
     max_upload_bytes: int = _node_field("max_upload_bytes")
     proxy_max_body_bytes: int = _node_field("proxy_max_body_bytes")
@@ -96,6 +104,12 @@ class GatewaySettings(RoleSettings):
     header_read_timeout_s: float = _node_field("header_read_timeout_s")
     idle_timeout_s: int = _node_field("idle_timeout_s")
     max_slow_connections_per_client: int = _node_field("max_slow_connections_per_client")
+
+    @model_validator(mode="after")
+    def _tls_whole(self) -> GatewaySettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
 
     def body_limits(self) -> BodyLimits:
         return BodyLimits(api=self.max_body_bytes, proxy=self.proxy_max_body_bytes,
