@@ -187,3 +187,23 @@ def test_a_team_owning_sandboxes_is_not_deleted_and_the_audit_names_the_key(
     with _raw(node, API_KEY) as operator:
         assert operator.delete(f"/teams/{team['teamID']}").status_code == 204
     assert json.dumps(log)  # the log is plain JSON
+
+
+def test_volume_names_are_each_teams_own(node: NodeServer) -> None:
+    """E2B's volume names are unique per team: two teams each have a ``shared`` volume, each
+    sees and deletes only its own, and a second ``shared`` in one team is still a 400."""
+    team_b = _new_team(node, "team-b")
+    with _raw(node, API_KEY) as a, _raw(node, team_b["apiKey"]) as b:
+        mine = a.post("/volumes", json={"name": "shared"})
+        theirs = b.post("/volumes", json={"name": "shared"})
+        assert mine.status_code == theirs.status_code == 201, (mine.text, theirs.text)
+        assert mine.json()["volumeID"] != theirs.json()["volumeID"]
+        assert a.post("/volumes", json={"name": "shared"}).status_code == 400
+        assert b.post("/volumes", json={"name": "shared"}).status_code == 400
+        assert [v["volumeID"] for v in a.get("/volumes").json()] == [mine.json()["volumeID"]]
+        assert [v["volumeID"] for v in b.get("/volumes").json()] == [theirs.json()["volumeID"]]
+        assert b.delete(f"/volumes/{theirs.json()['volumeID']}").status_code == 204
+        assert a.get(f"/volumes/{mine.json()['volumeID']}").status_code == 200
+        # The name is free again for B, and A's is untouched.
+        assert b.post("/volumes", json={"name": "shared"}).status_code == 201
+        assert a.post("/volumes", json={"name": "shared"}).status_code == 400

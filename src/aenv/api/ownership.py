@@ -100,7 +100,7 @@ async def require_volumes(node: Node, caller: Caller, names: Iterable[str]) -> N
     for name in names:
         if not volume_name_ok(name):
             continue  # refused as malformed by the create itself (400)
-        manifest = await node.volumes.catalog.by_name(name)
+        manifest = await node.volumes.catalog.by_name(name, node.tenancy.stamp(caller))
         if manifest is not None and not node.tenancy.is_team(caller, manifest.team_id):
             raise NotFound(f"volume '{name}' not found")
 

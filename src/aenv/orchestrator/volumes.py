@@ -185,11 +185,11 @@ class Volumes:
 
     # -- sandboxes ---------------------------------------------------------------------------
 
-    async def attach(self, sandbox_id: str, requests: Sequence[MountRequest]
-                     ) -> builtins.list[Mounted]:
-        """Check the requests (E2B's rules and messages), check every volume out here and
-        make ``sandbox_id`` its user. On failure nothing is attached."""
-        manifests = await self._validate(requests)
+    async def attach(self, sandbox_id: str, requests: Sequence[MountRequest],
+                     team_id: str | None = None) -> builtins.list[Mounted]:
+        """Check the requests (E2B's rules and messages; names are ``team_id``'s), check every
+        volume out here and make ``sandbox_id`` its user. On failure nothing is attached."""
+        manifests = await self._validate(requests, team_id)
         mounted = [Mounted(r.name, r.path, manifests[r.name].volume_id, r.read_only)
                    for r in requests]
         try:
@@ -343,14 +343,16 @@ class Volumes:
         await self.catalog.release(volume_id, self.node_id)
         await self.images.remove(volume_id)
 
-    async def _validate(self, requests: Sequence[MountRequest]) -> dict[str, VolumeManifest]:
+    async def _validate(self, requests: Sequence[MountRequest],
+                        team_id: str | None) -> dict[str, VolumeManifest]:
         problems: list[str] = []
         found: dict[str, VolumeManifest] = {}
         seen: set[str] = set()
         for index, r in enumerate(requests):
             reason = None
             if r.name not in found:
-                manifest = await self.catalog.by_name(r.name) if NAME.match(r.name) else None
+                manifest = (await self.catalog.by_name(r.name, team_id)
+                            if NAME.match(r.name) else None)
                 if manifest is None:
                     reason = f"volume '{r.name}' not found"
                 else:

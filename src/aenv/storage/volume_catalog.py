@@ -5,7 +5,7 @@ Owns, in the object store (``storage/objects.py``)::
 
     volumes/<volume_id>.json          the volume (:class:`VolumeManifest`): name, size, and
                                       the chunks of its last committed image
-    volume-names/<name>               the name's claim (its volume id), created conditionally:
+    volume-names/[<team id>/]<name>   the name's claim (its volume id), created conditionally:
                                       two nodes creating one name cannot both win
     volume-holders/<volume_id>        the node that has the volume checked out (it alone
                                       mounts and writes it), created conditionally
@@ -61,12 +61,15 @@ class VolumeCatalog:
         self.store = store
 
     # -- the volumes ----------------------------------------------------------------------------
+    # A name is a team's: each team's claims are under a prefix of its own (the default
+    # team's, None, where every claim was before teams).
 
     async def create(self, volume_id: str, name: str, size_bytes: int,
                      team_id: str | None = None) -> VolumeManifest:
-        """Claim ``name`` and record the volume; ``AlreadyExists`` if the name is taken."""
+        """Claim ``name`` for ``team_id`` and record the volume; ``AlreadyExists`` if the team
+        has a volume of that name."""
         try:
-            await self.store.put_bytes(NAMES + name, volume_id.encode(), create=True)
+            await self.store.put_bytes(_claim(name, team_id), volume_id.encode(), create=True)
         except AlreadyExists:
             raise AlreadyExists(f"Volume with name '{name}' already exists") from None
         manifest = VolumeManifest(volume_id=volume_id, name=name, size_bytes=size_bytes,
@@ -75,7 +78,7 @@ class VolumeCatalog:
             await self._write(manifest)
         except BaseException:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self.store.delete(NAMES + name))
+                await asyncio.shield(self.store.delete(_claim(name, team_id)))
             raise
         return manifest
 
@@ -95,13 +98,15 @@ class VolumeCatalog:
             raise NotFound(f"Volume {volume_id} not found")
         return found
 
-    async def by_name(self, name: str) -> VolumeManifest | None:
+    async def by_name(self, name: str, team_id: str | None = None) -> VolumeManifest | None:
+        """``team_id``'s volume called ``name`` (None: the default team's)."""
         try:
-            volume_id = (await self.store.get_bytes(NAMES + name)).decode()
+            volume_id = (await self.store.get_bytes(_claim(name, team_id))).decode()
         except NotFound:
             return None
         manifest = await self.get(volume_id)
-        return manifest if manifest is not None and manifest.name == name else None
+        return (manifest if manifest is not None and manifest.name == name
+                and manifest.team_id == team_id else None)
 
     async def list(self) -> list[VolumeManifest]:
         found = []
@@ -116,7 +121,7 @@ class VolumeCatalog:
     async def delete(self, manifest: VolumeManifest) -> None:
         """The manifest first (the volume is gone from then on), then its name and chunks."""
         await self.store.delete(MANIFESTS + f"{manifest.volume_id}.json")
-        await self.store.delete(NAMES + manifest.name)
+        await self.store.delete(_claim(manifest.name, manifest.team_id))
         await self.store.delete(HOLDERS + manifest.volume_id)
         for info in await self.store.list(CHUNKS + manifest.volume_id + "/"):
             await self.store.delete(info.key)
@@ -201,3 +206,8 @@ def _read_chunk(image: Path, index: int) -> bytes:
         size = os.fstat(f.fileno()).st_size
         return os.pread(f.fileno(), min(CHUNK_BYTES, size - index * CHUNK_BYTES),
                         index * CHUNK_BYTES)
+
+
+def _claim(name: str, team_id: str | None) -> str:
+    """The key of a team's claim on ``name`` (names hold no ``/``: ``volumes.NAME``)."""
+    return NAMES + (name if team_id is None else f"{team_id}/{name}")

@@ -219,7 +219,7 @@ async def _create_owned(node: Node, template: Template, params: CreateParams,
 
 async def _volumes(node: Node, sandbox_id: str, params: CreateParams) -> list[Mounted]:
     if params.volume_mounts:
-        return await node.volumes.attach(sandbox_id, params.volume_mounts)
+        return await node.volumes.attach(sandbox_id, params.volume_mounts, params.team_id)
     if params.inherited_volumes:
         try:
             await node.volumes.adopt(sandbox_id, params.inherited_volumes)
