@@ -10,6 +10,7 @@ down: every node answers ``/secrets`` and ``/audit`` 503 with an E2B error body,
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -161,6 +162,26 @@ def test_the_audit_log_is_one_for_the_cluster(lay: Layout) -> None:
     other = _team(lay, "audited-not")["apiKey"]
     assert all(e["teamID"] != team["teamID"] for e in _audit(b, other, limit=1000))
     assert {e["seq"] for e in mine} <= {e["seq"] for e in _audit(b, API_KEY, limit=1000)}
+
+
+def test_the_gateways_own_refusals_are_in_the_log(lay: Layout) -> None:
+    """A create through the gateway with a key it does not know is refused there (401),
+    never reaching a node: the gateway writes that refusal into the cluster's log."""
+    bad = "e2b_" + "0" * 40
+    with _client(lay.gateways[0].url, bad) as stranger:
+        refused = stranger.post("/sandboxes", json={"templateID": "base"})
+        assert refused.status_code == 401, refused.text
+        assert stranger.delete("/sandboxes/nope12345").status_code == 401
+    actor = "key:" + hashlib.sha256(bad.encode()).hexdigest()[:12]
+    deadline = time.monotonic() + FLUSHED_S
+    while True:
+        found = [(e["action"], e["status"], e["objectID"])
+                 for e in _audit(lay.nodes[1].url, API_KEY, actor=actor)]
+        if len(found) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sorted(found) == [("DELETE /sandboxes/nope12345", 401, "nope12345"),
+                             ("POST /sandboxes", 401, None)], found
 
 
 def _unavailable(answer: httpx.Response) -> None:

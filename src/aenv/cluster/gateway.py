@@ -41,11 +41,14 @@ and which objects are the team's.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import re
 import secrets
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -60,20 +63,24 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from aenv.api.audit import actor_of
 from aenv.api.listing import encode_cursor
 from aenv.cluster import bindings, fork_spread, forward, reserve
+from aenv.cluster.audit_store import RedisAuditStore
 from aenv.cluster.cache import Binding, ClusterCache
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
 from aenv.cluster.scheduler_client import SchedulerClient
 from aenv.cluster.team_directory import RedisDirectory
 from aenv.core.errors import Unavailable
+from aenv.core.settings import Settings
 from aenv.edge.errors import error_body
 from aenv.edge.limits import BodyLimits, guard, is_upload
+from aenv.orchestrator.audit import AuditTrail
 from aenv.orchestrator.tenancy import digest_of, presented
 from aenv.proxy import errors as proxy_errors
 from aenv.proxy.routing import Target, route
-from aenv.store.models import TeamRow
+from aenv.store.models import AuditEntry, TeamRow
 
 #: Placements tried for one create before the gateway gives up with the node's 429.
 CREATE_ATTEMPTS = 3
@@ -95,6 +102,8 @@ class Gateway:
         self.scheduler = SchedulerClient(self.http, scheduler_url)
         self.cache = ClusterCache(redis, self.keys)
         self.directory = RedisDirectory(redis, self.keys)
+        #: Its own refusals, into the cluster's one log (docs/audit.md), bounded as a node's.
+        self.audit = AuditTrail(RedisAuditStore(redis, AUDIT_KEEP, self.keys), AUDIT_KEEP)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -104,17 +113,32 @@ class Gateway:
 
     async def handle(self, request: Request) -> Response:
         try:
-            return await self._handle(request)
+            answer = await self._handle(request)
         except RedisError as exc:
-            return error_body(503, f"the cluster's state store cannot be reached: {exc}",
-                              {"Retry-After": "1"})
+            answer = _own(503, f"the cluster's state store cannot be reached: {exc}",
+                          {"Retry-After": "1"})
         except Unavailable as exc:
-            return error_body(503, exc.message, {"Retry-After": "1"})
+            answer = _own(503, exc.message, {"Retry-After": "1"})
+        if getattr(answer, _OWN, False) and request.method in _AUDITED:
+            self._audit(request, answer.status_code)
+        return answer
+
+    def _audit(self, request: Request, status: int) -> None:
+        """A changing request the gateway answered itself (a refusal: the key, a quota, no
+        node): into the cluster's audit log, as a node records what it answers."""
+        given = presented(request.headers)
+        team = getattr(request.state, "team", None)
+        self.audit.record(AuditEntry(
+            at=time.time(), actor=actor_of(given.value if given else None),
+            action=f"{request.method} {request.url.path[:200]}",
+            object_id=match.group(1) if (match := _BY_ID.match(request.url.path)) else None,
+            client=request.client.host if request.client else None, status=status,
+            team_id=team.team_id if team is not None else None))
 
     async def _handle(self, request: Request) -> Response:
         target = route(request.scope)
         if isinstance(target, str):
-            return error_body(400, target)
+            return _own(400, target)
         if isinstance(target, Target):
             return await self._to_sandbox(request, target.sandbox_id, proxied=True)
         path = request.url.path
@@ -124,7 +148,7 @@ class Gateway:
             # Authorised by the volume's token, which any node checks (api/volume_tokens.py).
             return await self._to_any(request)
         if not await self._authorized(request):
-            return error_body(401, "missing or invalid X-API-KEY")
+            return _own(401, "missing or invalid X-API-KEY")
         if path in _LIST_PATHS and request.method == "POST":
             return await self._create(request)
         if path in _LIST_PATHS and request.method == "GET":
@@ -184,7 +208,7 @@ class Gateway:
         if bound is None:
             if proxied:
                 return proxy_errors.sandbox_not_found(sandbox_id)
-            return error_body(404, f"sandbox {sandbox_id} not found")
+            return _own(404, f"sandbox {sandbox_id} not found")
         resume = request.method == "POST" and _RESUME.match(request.url.path) is not None
         body = await request.body() if resume else None
         answer = await self._to_bound(request, sandbox_id, bound, body)
@@ -208,10 +232,10 @@ class Gateway:
         if node is None or health is Health.LOST or (resume and health is Health.DRAINING):
             if resume:
                 return await self._resume_elsewhere(request, sandbox_id, bound)
-            return error_body(503, f"sandbox {sandbox_id} was on node {bound[0]}, which is lost")
+            return _own(503, f"sandbox {sandbox_id} was on node {bound[0]}, which is lost")
         if health is Health.SUSPECT:
             # A hung node accepts connections and answers nothing: no call may wait on it.
-            return error_body(503, f"sandbox {sandbox_id} is on node {node.node_id}, which has not "
+            return _own(503, f"sandbox {sandbox_id} is on node {node.node_id}, which has not "
                                    "sent a heartbeat for a while; try again", {"Retry-After": "2"})
         try:
             return await forward.send(self.http, request, node.address, body=body)
@@ -220,10 +244,10 @@ class Gateway:
             # shared repository can resume on another node.
             if resume:
                 return await self._resume_elsewhere(request, sandbox_id, bound, body)
-            return error_body(503, f"sandbox {sandbox_id} is on node {node.node_id}, which does "
+            return _own(503, f"sandbox {sandbox_id} is on node {node.node_id}, which does "
                                    "not accept connections")
         except httpx.TransportError as exc:
-            return error_body(503, f"sandbox {sandbox_id} is on node {node.node_id}, which cannot "
+            return _own(503, f"sandbox {sandbox_id} is on node {node.node_id}, which cannot "
                                    f"be reached: {type(exc).__name__}")
 
     async def _fork(self, request: Request, parent_id: str) -> Response:
@@ -239,7 +263,7 @@ class Gateway:
             sent = await self.http.post(node.address + request.url.path, content=body,
                                         headers=headers)
         except httpx.TransportError as exc:
-            return error_body(503, f"sandbox {parent_id} is on node {node.node_id}, which cannot "
+            return _own(503, f"sandbox {parent_id} is on node {node.node_id}, which cannot "
                                    f"be reached: {type(exc).__name__}")
         if sent.status_code != 201:
             return Response(sent.content, status_code=sent.status_code,
@@ -291,7 +315,7 @@ class Gateway:
                 content=body, headers=forward.request_headers(request))
         except httpx.TransportError as exc:
             await self.scheduler.settle(placement["reservationID"], commit=False)
-            return error_body(503, f"sandbox {sandbox_id}'s node is gone and node "
+            return _own(503, f"sandbox {sandbox_id}'s node is gone and node "
                                    f"{placement['nodeID']} cannot be reached: {type(exc).__name__}")
         ok = sent.status_code in (200, 201)
         await self.scheduler.settle(placement["reservationID"], commit=ok)
@@ -309,14 +333,14 @@ class Gateway:
             try:
                 return await forward.forward(self.http, request, ready[0].address)
             except httpx.TransportError:
-                return error_body(503, f"node {ready[0].node_id} cannot be reached")
+                return _own(503, f"node {ready[0].node_id} cannot be reached")
         body = await request.body()
         for node in ready:
             try:
                 return await forward.forward(self.http, request, node.address, body=body)
             except httpx.TransportError:
                 continue
-        return error_body(503, "no node of the cluster is reachable")
+        return _own(503, "no node of the cluster is reachable")
 
     # -- create -----------------------------------------------------------------------------
 
@@ -334,7 +358,7 @@ class Gateway:
                                                 key=_key_id(request), volumes=volumes,
                                                 **_quota(request))
             if isinstance(placed, Response):
-                return placed
+                return _mark_own(placed)  # the scheduler's refusal (a quota, no room)
             [placement] = placed
             reservation = placement["reservationID"]
             try:
@@ -361,7 +385,7 @@ class Gateway:
                 return answer
             exclude.append(placement["nodeID"])
         if answer is None:
-            return error_body(503, "no node of the cluster could be reached for the create")
+            return _own(503, "no node of the cluster could be reached for the create")
         return answer
 
     # -- list -------------------------------------------------------------------------------
@@ -438,6 +462,24 @@ class _Limited:
                     idle_s=idle_s)
 
 
+#: The cluster's log is trimmed to this many entries (the nodes' default
+#: ``audit_max_entries``; whichever writes last trims).
+AUDIT_KEEP = Settings.model_fields["audit_max_entries"].default
+#: The methods whose refusals are audited (a node audits every changing request it answers).
+_AUDITED = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_OWN = "answered_by_gateway"
+
+
+def _mark_own(answer: Response) -> Response:
+    setattr(answer, _OWN, True)
+    return answer
+
+
+def _own(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """An answer of the gateway's own (not a node's), in E2B's body."""
+    return _mark_own(error_body(status, message, headers))
+
+
 def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
                keys: Keys | None = None, limits: BodyLimits | None = None) -> ASGIApp:
     """The gateway's ASGI app; ``limits``: the nodes' (None: the defaults)."""
@@ -445,8 +487,15 @@ def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        yield
-        await gateway.close()
+        flushing = asyncio.create_task(gateway.audit.run_flush_loop(), name="gateway-audit")
+        try:
+            yield
+        finally:
+            flushing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flushing
+            await gateway.audit.flush()
+            await gateway.close()
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
     async def http_error(_: Request, exc: Exception) -> Response:
