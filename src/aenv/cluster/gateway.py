@@ -36,7 +36,8 @@ reserves anything — the cluster's key (the nodes' operator key), or a team's k
 the cluster's team directory in Redis (``team_directory.py``, docs/teams.md), read on every
 call so a revoked key is refused at once. Reservations are counted per team, against the
 team's ``maxSandboxes`` cluster-wide (the scheduler's quota). The node checks the key again,
-and which objects are the team's.
+and which objects are the team's. What the gateway refuses itself (a changing request: a bad
+key, a quota, no node) goes into the cluster's audit log (docs/audit.md).
 """
 
 from __future__ import annotations
