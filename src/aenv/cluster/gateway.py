@@ -73,6 +73,7 @@ from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
 from aenv.cluster.scheduler_client import SchedulerClient
 from aenv.cluster.team_directory import RedisDirectory
+from aenv.cluster.team_rate import TeamRate
 from aenv.core.errors import Unavailable
 from aenv.core.settings import Settings
 from aenv.edge.errors import error_body
@@ -103,6 +104,7 @@ class Gateway:
         self.scheduler = SchedulerClient(self.http, scheduler_url)
         self.cache = ClusterCache(redis, self.keys)
         self.directory = RedisDirectory(redis, self.keys)
+        self.rate = TeamRate(redis, self.keys)
         #: Its own refusals, into the cluster's one log (docs/audit.md), bounded as a node's.
         self.audit = AuditTrail(RedisAuditStore(redis, AUDIT_KEEP, self.keys), AUDIT_KEEP)
 
@@ -251,8 +253,21 @@ class Gateway:
             return _own(503, f"sandbox {sandbox_id} is on node {node.node_id}, which cannot "
                                    f"be reached: {type(exc).__name__}")
 
+    async def _starts_refused(self, request: Request, count: int) -> Response | None:
+        """The team's ``startsPerSecond`` across the cluster (``team_rate.py``): a 429 when
+        ``count`` more starts this second would pass it, else None (counted)."""
+        team: TeamRow | None = getattr(request.state, "team", None)
+        rate = (team.quota or {}).get("startsPerSecond") if team is not None else None
+        if team is None or not rate or await self.rate.take(team.team_id, float(rate), count):
+            return None
+        return _own(429, f"team {team.name} starts at most {rate} sandboxes a second "
+                         "across the cluster", {"Retry-After": "1"})
+
     async def _fork(self, request: Request, parent_id: str) -> Response:
         """The parent's node forks what fits; the rest go to other nodes (``fork_spread``)."""
+        refused = await self._starts_refused(request, _fork_count(await request.body()))
+        if refused is not None:
+            return refused
         bound, _ = await self.cache.binding(parent_id)
         nodes, now = await self._nodes()
         node = next((n for n in nodes if bound and n.node_id == bound[0]), None)
@@ -346,6 +361,9 @@ class Gateway:
     # -- create -----------------------------------------------------------------------------
 
     async def _create(self, request: Request) -> Response:
+        refused = await self._starts_refused(request, 1)
+        if refused is not None:
+            return refused
         body = await request.body()
         try:
             wanted = json.loads(body or b"{}")
@@ -507,6 +525,17 @@ def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
     app = Starlette(routes=[Route("/{path:path}", gateway.handle, methods=methods)],
                     lifespan=lifespan, exception_handlers={HTTPException: http_error})
     return _Limited(app, limits or BodyLimits())
+
+
+def _fork_count(body: bytes) -> int:
+    """A fork's children (E2B's ``count``, 1 by default); malformed counts as one (the node
+    answers it)."""
+    try:
+        wanted = json.loads(body or b"{}")
+    except ValueError:
+        return 1
+    count = wanted.get("count", 1) if isinstance(wanted, dict) else 1
+    return count if isinstance(count, int) and 1 <= count <= 1024 else 1
 
 
 def _placement_fields(body: object) -> tuple[str, list[str]]:

@@ -101,3 +101,8 @@ class Keys:
     def audit_seq(self) -> str:
         """String: the last ``seq`` given to an audit entry."""
         return f"{self.prefix}:audit-seq"
+
+    def team_starts(self, team_id: str) -> str:
+        """String with a 2 s expiry: a team's starts in the current second, cluster-wide
+        (``team_rate.py``), keyed by that second's number."""
+        return f"{self.prefix}:team:{team_id}:starts"
