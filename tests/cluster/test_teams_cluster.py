@@ -9,6 +9,7 @@ cluster-wide under 40 concurrent creates across both gateways."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -118,3 +119,23 @@ def test_a_team_quota_holds_across_the_cluster_under_forty_creates(lay: Layout) 
     # Another team is not held by this one's quota.
     other = asyncio.run(_creates([lay.gateways[0].url], API_KEY, 3))
     assert [a.status_code for a in other] == [201, 201, 201]
+
+
+def test_a_teams_starts_per_second_hold_across_two_gateways(lay: Layout) -> None:
+    """``startsPerSecond: 2`` through two gateways at once: the two count as one (at most
+    two starts a second between them; a burst straddling a second may take four), the rest
+    429 with ``Retry-After``; a second later the team starts again."""
+    team = _team(lay, "paced", {"startsPerSecond": 2})
+    answers = asyncio.run(_creates([g.url for g in lay.gateways], team["apiKey"], 12))
+    started = [a for a in answers if a.status_code == 201]
+    refused = [a for a in answers if a.status_code == 429]
+    assert 1 <= len(started) <= 4 and len(started) + len(refused) == 12, \
+        sorted(a.status_code for a in answers)
+    assert all(a.headers.get("Retry-After") == "1" for a in refused)
+    assert "a second" in refused[0].json()["message"]
+    time.sleep(1.1)
+    again = asyncio.run(_creates([lay.gateways[1].url], team["apiKey"], 1))
+    assert [a.status_code for a in again] == [201]
+    with _client(lay.gateways[0].url, team["apiKey"]) as t:
+        for sandbox in t.get("/v2/sandboxes").json():
+            t.delete(f"/sandboxes/{sandbox['sandboxID']}")
