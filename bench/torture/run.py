@@ -67,7 +67,8 @@ def run(node: CrashableNode, api_key: str, plan: Plan) -> World:
         states = checks.settled(world, api)
         checks.files_kept(world, api, states)
         checks.kill_all(world, api)
-    checks.leaks(world, node.home, slot_range, slots_before)
+        checks.leaks(world, node.home, slot_range, slots_before,
+                     lambda: checks.pools_of(api))
     return world
 
 

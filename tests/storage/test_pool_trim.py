@@ -29,8 +29,9 @@ pytestmark = [
 ]
 
 WRITTEN_MB = 256
-#: Normally 0.1-0.3 s; the kernel frees a deleted image's blocks late on a loaded host.
-BACK_WITHIN_S = 10.0
+#: Normally 0.1-0.3 s; the kernel frees a deleted image's blocks late on a loaded host (a
+#: CI shard beside crash tests: over 10 s), within the trimmer's eager window.
+BACK_WITHIN_S = 30.0
 #: What may stay allocated after a trim: XFS log and metadata the writes touched.
 SLACK = 48 << 20
 

@@ -1,4 +1,5 @@
-"""aenv's own: how the node's background loops are doing (``orchestrator/supervisor.py``)."""
+"""aenv's own: how the node's background loops are doing (``orchestrator/supervisor.py``),
+and what its pools hold ahead of demand."""
 
 from __future__ import annotations
 
@@ -35,3 +36,18 @@ async def node_loops(node: NodeDep) -> LoopsOut:
                      last_error=h.last_error, failed_at=h.failed_at, retry_at=h.retry_at)
              for h in node.supervisor.health()]
     return LoopsOut(loops=loops, healthy=all(loop.state != "backing-off" for loop in loops))
+
+
+class PoolsOut(BaseModel):
+    #: Network slots made ahead, not yet given to a sandbox.
+    network_slots: int = Field(serialization_alias="networkSlots")
+    #: Booted sandboxes of the default template waiting to be claimed (each holds a slot).
+    warm: int
+    #: Sandboxes created ahead for restores (each holds a slot).
+    precreated: int
+
+
+@router.get("/node/pools", response_model=PoolsOut, response_model_by_alias=True)
+async def node_pools(node: NodeDep) -> PoolsOut:
+    return PoolsOut(network_slots=node.pool.ready_count, warm=node.warm.ready,
+                    precreated=node.precreated.ready)

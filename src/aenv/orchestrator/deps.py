@@ -69,6 +69,11 @@ class SlotPool(Protocol):
 
     async def set_egress(self, slot: NetSlot, policy: EgressPolicy) -> None: ...
 
+    @property
+    def ready_count(self) -> int:
+        """Slots made ahead and not yet given out."""
+        ...
+
     def egress_ca(self) -> str | None:
         """The CA (PEM) that ends the TLS of hosts with header rules; None: none does."""
         ...

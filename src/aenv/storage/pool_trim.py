@@ -52,7 +52,7 @@ _RETRY_S = 60.0
 #: the loop device that backed it drops from a workqueue: measured 0.05-2 s after the remove
 #: returned, more under load. So after a request the pool is looked at this often, for this long.
 _AFTER_REQUEST_POLL_S = 0.25
-_AFTER_REQUEST_FOR_S = 10.0
+_AFTER_REQUEST_FOR_S = 30.0
 
 log = logging.getLogger("aenv.storage.pool_trim")
 
