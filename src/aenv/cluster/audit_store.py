@@ -19,21 +19,16 @@ holds Redis for long. Redis that cannot be reached is ``Unavailable`` (503).
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, fields
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import cast
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from aenv.cluster.keys import Keys
-from aenv.core.errors import Unavailable
+from aenv.cluster.redis_client import reachable
 from aenv.store.models import AuditEntry
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 #: Entries read per round trip by a filtered query.
 SCAN_CHUNK = 1000
@@ -62,16 +57,7 @@ return seq
 """
 
 
-def _reachable(method: Callable[P, Coroutine[Any, Any, T]]
-               ) -> Callable[P, Coroutine[Any, Any, T]]:
-    """Redis errors as ``Unavailable`` (503): callers outside ``cluster/`` know no Redis."""
-    @functools.wraps(method)
-    async def wrapped(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await method(*args, **kwargs)
-        except RedisError as exc:
-            raise Unavailable(f"the cluster's audit log cannot be reached: {exc}") from exc
-    return wrapped
+_reachable = reachable("the cluster's audit log")
 
 
 def _dump(entry: AuditEntry) -> str:

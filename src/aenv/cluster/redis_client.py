@@ -9,7 +9,9 @@ client asks the sentinels for the current master and follows a failover.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import Redis
@@ -17,7 +19,10 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from aenv.core.errors import Unavailable
 
 #: Seconds a command or a connect may take before it counts as failed.
 TIMEOUT_S = 5.0
@@ -52,3 +57,22 @@ def connect(url: str) -> Redis:
     sentinel = Sentinel(sentinels, socket_timeout=TIMEOUT_S)  # type: ignore[no-untyped-call, unused-ignore]
     client: Redis = sentinel.master_for(master, db=db, password=password, **_options())
     return client
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+_Method = Callable[P, Coroutine[Any, Any, T]]
+
+
+def reachable(what: str) -> Callable[[_Method[P, T]], _Method[P, T]]:
+    """A decorator: Redis errors of a method as ``Unavailable`` (503) naming ``what`` cannot be
+    reached, since callers outside ``cluster/`` know no Redis."""
+    def decorate(method: _Method[P, T]) -> _Method[P, T]:
+        @functools.wraps(method)
+        async def wrapped(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return await method(*args, **kwargs)
+            except RedisError as exc:
+                raise Unavailable(f"{what} cannot be reached: {exc}") from exc
+        return wrapped
+    return decorate

@@ -20,21 +20,15 @@ from __future__ import annotations
 
 import base64
 import builtins
-import functools
 import json
-from collections.abc import Callable, Coroutine
 from dataclasses import asdict, replace
-from typing import Any, ParamSpec, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from aenv.cluster.keys import Keys
-from aenv.core.errors import AlreadyExists, Unavailable
+from aenv.cluster.redis_client import reachable
+from aenv.core.errors import AlreadyExists
 from aenv.store.models import SecretRow
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 # KEYS: secrets, secret-names, secret-order; ARGV: id, name, row JSON. 0: the name is taken.
 _INSERT = """
@@ -84,16 +78,7 @@ return rows
 """
 
 
-def _reachable(method: Callable[P, Coroutine[Any, Any, T]]
-               ) -> Callable[P, Coroutine[Any, Any, T]]:
-    """Redis errors as ``Unavailable`` (503): callers outside ``cluster/`` know no Redis."""
-    @functools.wraps(method)
-    async def wrapped(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await method(*args, **kwargs)
-        except RedisError as exc:
-            raise Unavailable(f"the cluster's secrets cannot be reached: {exc}") from exc
-    return wrapped
+_reachable = reachable("the cluster's secrets")
 
 
 def _dump(row: SecretRow) -> str:

@@ -12,21 +12,16 @@ default teams.
 from __future__ import annotations
 
 import builtins
-import functools
 import json
-from collections.abc import Callable, Coroutine
 from dataclasses import asdict, replace
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from aenv.cluster.keys import Keys
-from aenv.core.errors import Conflict, Unavailable
+from aenv.cluster.redis_client import reachable
+from aenv.core.errors import Conflict
 from aenv.store.models import CredentialRow, TeamRow
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 # KEYS: teams, team-names, team-default; ARGV: id, name, row JSON.
 _ENSURE_DEFAULT = """
@@ -45,16 +40,7 @@ return 1
 """
 
 
-def _reachable(method: Callable[P, Coroutine[Any, Any, T]]
-               ) -> Callable[P, Coroutine[Any, Any, T]]:
-    """Redis errors as ``Unavailable`` (503): callers outside ``cluster/`` know no Redis."""
-    @functools.wraps(method)
-    async def wrapped(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await method(*args, **kwargs)
-        except RedisError as exc:
-            raise Unavailable(f"the cluster's team directory cannot be reached: {exc}") from exc
-    return wrapped
+_reachable = reachable("the cluster's team directory")
 
 
 def _team(raw: str | bytes) -> TeamRow:
