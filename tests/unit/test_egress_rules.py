@@ -6,7 +6,8 @@ from __future__ import annotations
 import ssl
 
 from aenv.core.net import EgressPolicy
-from aenv.network.egress_proxy import sni_of, transform_for
+from aenv.network.egress_names import sni_of
+from aenv.network.egress_proxy import transform_for
 from aenv.network.egress_rules import by_address, by_name, matches
 
 NEVER = ("127.0.0.0/8", "169.254.0.0/16")

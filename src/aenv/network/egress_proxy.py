@@ -33,26 +33,18 @@ import re
 import socket
 import ssl
 import struct
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol, cast
+from typing import Protocol
 
-import dns.asyncresolver
-import dns.exception
-import dns.flags
-import dns.message
-import dns.rcode
-import dns.rdataclass
-import dns.rdatatype
-import dns.resolver
-import dns.rrset
 import h11
 
 from aenv.core.errors import AenvError
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import egress_rules, nft
+from aenv.network.egress_dns import DnsAnswers, Resolver
+from aenv.network.egress_names import host_header, sni_of
 from aenv.network.egress_tls import GuestTls, Interception
 from aenv.network.socks_upstream import SocksUpstream, open_via
 
@@ -69,42 +61,6 @@ _PLACEHOLDER = re.compile(r"\$\{(e2b\.(?:secrets|identity\.tokens)\.[^}]+)\}")
 _IDENTITY = "e2b.identity.tokens."
 _ANSWER = (b"HTTP/1.1 %s\r\nContent-Type: text/plain\r\nConnection: close\r\n"
            b"Content-Length: %d\r\n\r\n%s")
-
-
-class Resolver:
-    """A name's addresses from the node's resolver (``nameservers``: these servers; empty:
-    the host's resolv.conf), kept for their TTL (at most ``MAX_TTL_S``; a failure for
-    ``NEGATIVE_TTL_S``) so that a connection does not wait for a DNS round trip each time."""
-
-    MAX_TTL_S = 60.0
-    NEGATIVE_TTL_S = 5.0
-    MAX_NAMES = 10_000
-
-    def __init__(self, nameservers: Iterable[str] = (),
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        servers = list(nameservers)
-        self._resolver = dns.asyncresolver.Resolver(configure=not servers)
-        if servers:
-            self._resolver.nameservers = servers
-        self._resolver.lifetime = 5.0
-        self._clock = clock
-        self._cache: dict[str, tuple[float, list[str]]] = {}
-
-    async def addresses(self, name: str) -> list[str]:
-        now = self._clock()
-        cached = self._cache.get(name)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        try:
-            answer = await self._resolver.resolve(name, "A")
-            found = [r.to_text() for r in answer]
-            ttl = min(float(answer.rrset.ttl if answer.rrset else 0), self.MAX_TTL_S)
-        except (dns.exception.DNSException, OSError):
-            found, ttl = [], self.NEGATIVE_TTL_S
-        if len(self._cache) >= self.MAX_NAMES:
-            self._cache.clear()
-        self._cache[name] = (now + ttl, found)
-        return found
 
 
 class _Readable(Protocol):
@@ -188,7 +144,8 @@ class EgressProxy:
                 held.closers.append(server.close)
             udp = _bound(slot.host_ifname, socket.SOCK_DGRAM, nft.PROXY_DNS_PORT)
             transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
-                lambda: _Dns(self, held), sock=udp)
+                lambda: DnsAnswers(lambda: held.policy, self.allowed_addresses, self._tasks),
+                sock=udp)
             held.closers.append(transport.close)
         except BaseException:
             for close in held.closers:
@@ -237,6 +194,16 @@ class EgressProxy:
             reasons.append(verdict.why)
         return None, reasons[0]
 
+    async def allowed_addresses(self, policy: EgressPolicy, name: str) -> list[str] | None:
+        """The addresses of ``name`` the policy lets the sandbox reach; None: none."""
+        by_name = egress_rules.by_name(policy, name)
+        if by_name is not None and not by_name.allowed:
+            return None
+        found = await self.resolver.addresses(name)
+        allowed = [a for a in found
+                   if self._address_verdict(policy, a, named=by_name is not None).allowed]
+        return allowed or None
+
     # -- connections ---------------------------------------------------------------------------
 
     def _accepting(self, handler: _Handler, held: _Slot) -> Callable[
@@ -263,7 +230,7 @@ class EgressProxy:
     async def _http(self, held: _Slot, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter) -> None:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), FIRST_BYTES_S)
-        host = _host_header(head)
+        host = host_header(head)
         if host is None:
             await _refuse_http(writer, "no Host header")
             return
@@ -475,59 +442,6 @@ def transform_for(policy: EgressPolicy, host: str) -> tuple[tuple[str, str], ...
     return ()
 
 
-class _Dns(asyncio.DatagramProtocol):
-    def __init__(self, proxy: EgressProxy, held: _Slot) -> None:
-        self.proxy = proxy
-        self.held = held
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.DatagramTransport, transport)
-
-    def datagram_received(self, data: bytes, addr: tuple[str | bytes, int]) -> None:
-        task = asyncio.create_task(self._answer(data, addr))
-        self.proxy._tasks.add(task)
-        task.add_done_callback(self.proxy._tasks.discard)
-
-    async def _answer(self, data: bytes, addr: tuple[str | bytes, int]) -> None:
-        try:
-            query = dns.message.from_wire(data)
-        except dns.exception.DNSException:
-            return
-        response = dns.message.make_response(query)
-        response.flags |= dns.flags.RA
-        if len(query.question) != 1:
-            response.set_rcode(dns.rcode.FORMERR)
-        else:
-            question = query.question[0]
-            name = question.name.to_text(omit_final_dot=True)
-            verdict = egress_rules.by_name(self.held.policy, name)
-            if question.rdtype == dns.rdatatype.A:
-                addresses = await self._allowed(name)
-                if addresses is None:
-                    response.set_rcode(dns.rcode.NXDOMAIN)
-                else:
-                    response.answer.append(dns.rrset.from_text_list(
-                        question.name, 30, dns.rdataclass.IN, dns.rdatatype.A, addresses))
-            elif verdict is not None and not verdict.allowed:
-                response.set_rcode(dns.rcode.NXDOMAIN)
-            # Other types of other names (AAAA: sandboxes have no IPv6): an empty answer.
-        if self.transport is not None:
-            with contextlib.suppress(OSError):
-                self.transport.sendto(response.to_wire(), addr)
-
-    async def _allowed(self, name: str) -> list[str] | None:
-        """The addresses of ``name`` the policy lets the sandbox reach; None: none."""
-        policy = self.held.policy
-        by_name = egress_rules.by_name(policy, name)
-        if by_name is not None and not by_name.allowed:
-            return None
-        found = await self.proxy.resolver.addresses(name)
-        allowed = [a for a in found if self.proxy._address_verdict(
-            policy, a, named=by_name is not None).allowed]
-        return allowed or None
-
-
 @functools.lru_cache(maxsize=256)
 def _upstream(canonical: str) -> SocksUpstream:
     return SocksUpstream.parse(json.loads(canonical))
@@ -539,17 +453,6 @@ def _is_ip(host: str) -> bool:
     except OSError:
         return False
     return host.count(".") == 3
-
-
-def _host_header(head: bytes) -> str | None:
-    for line in head.split(b"\r\n")[1:]:
-        key, sep, value = line.partition(b":")
-        if sep and key.strip().lower() == b"host":
-            host = value.strip().decode("latin-1")
-            if host.startswith("["):
-                return None  # IPv6: sandboxes have none
-            return host.rsplit(":", 1)[0] if ":" in host else host
-    return None
 
 
 async def _refuse_http(writer: _Writable, why: str, *,
@@ -569,34 +472,3 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write_eof()
     except OSError:
         writer.close()
-
-
-def sni_of(record: bytes) -> str | None:
-    """The server name of a TLS ClientHello handshake record's body, or None.
-
-    Written by hand: the standard library parses no ClientHello, and the layout is fixed
-    (RFC 8446 §4.1.2, RFC 6066 §3): handshake type and length, version, random, session id,
-    cipher suites, compression methods, then the extensions, of which server_name (0) holds
-    a list of (type 0: host_name, length, name).
-    """
-    try:
-        if record[0] != 1:  # client_hello
-            return None
-        at = 4 + 2 + 32
-        at += 1 + record[at]  # session id
-        at += 2 + int.from_bytes(record[at:at + 2], "big")  # cipher suites
-        at += 1 + record[at]  # compression methods
-        end = at + 2 + int.from_bytes(record[at:at + 2], "big")
-        at += 2
-        while at + 4 <= end:
-            kind = int.from_bytes(record[at:at + 2], "big")
-            size = int.from_bytes(record[at + 2:at + 4], "big")
-            body = record[at + 4:at + 4 + size]
-            if kind == 0 and len(body) >= 5 and body[2] == 0:
-                length = int.from_bytes(body[3:5], "big")
-                name = body[5:5 + length].decode("ascii")
-                return name.lower().rstrip(".") or None
-            at += 4 + size
-    except (IndexError, UnicodeDecodeError):
-        return None
-    return None

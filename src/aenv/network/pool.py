@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 from aenv.core.errors import AenvError, Internal, InvalidArgument, NotFound, ResourceExhausted
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import nft, node_nets, slots
-from aenv.network.egress_proxy import EgressProxy, Resolver
+from aenv.network.egress_dns import Resolver
+from aenv.network.egress_proxy import EgressProxy
 
 log = logging.getLogger("aenv.network")
 
