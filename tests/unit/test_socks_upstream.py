@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import errno
 import os
 import shutil
@@ -25,10 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from aenv.core.errors import InvalidArgument
 from aenv.network.socks_upstream import (
@@ -44,6 +39,7 @@ from aenv.network.socks_upstream import (
     _connect_request,
     open_via,
 )
+from tests.certs import issue
 from tests.conftest import free_port
 
 DANTED = shutil.which("danted") or shutil.which("danted", path="/usr/sbin:/sbin")
@@ -397,40 +393,9 @@ class Ca:
 @pytest.fixture(scope="module")
 def ca(tmp_path_factory: pytest.TempPathFactory) -> Ca:
     """A CA and a certificate it signed for ``socks.test`` (only: not for 127.0.0.1)."""
-    directory = tmp_path_factory.mktemp("socks-ca")
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "socks test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(days=1))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(
-              digital_signature=True, content_commitment=False, key_encipherment=False,
-              data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-              encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
-                         critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "socks.test")]))
-            .issuer_name(ca_name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("socks.test")]),
-                           critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return Ca(ca.public_bytes(serialization.Encoding.PEM).decode(), cert_path, key_path)
+    cert, key, ca = issue(tmp_path_factory.mktemp("socks-ca"), ["socks.test"],
+                          ca_name="socks test CA")
+    return Ca(ca.read_text(), cert, key)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
