@@ -224,18 +224,3 @@ async def test_without_a_quota_keys_are_not_counted_against_one(
     assert [a.status_code for a in answers] == [201, 201, 201, 429]
     assert answers[-1].json()["error"] == "cluster_full"
     assert await redis.zcard(keys.key_pending("aa")) == 0
-
-
-async def test_a_team_quota_sent_with_the_placement_wins_over_the_default(
-        redis: Redis, redis_server: RedisServer, keys: Keys) -> None:
-    """The gateway sends the caller's team's ``maxSandboxes`` (docs/teams.md): it holds for
-    that key whatever ``--key-quota`` says (none here)."""
-    await beat(redis, keys, "a", limit=10)
-    async with scheduler(redis_server, keys) as client:
-        answers = await asyncio.gather(*(_place(client, "dd", quota=2) for _ in range(6)))
-        assert sorted(a.status_code for a in answers) == [201, 201, 429, 429, 429, 429]
-        refused = next(a for a in answers if a.status_code == 429)
-        assert refused.json()["error"] == "quota_exceeded" and "2 sandboxes" in refused.text
-        # Without one, the same key is not held (no --key-quota): the node has room.
-        assert (await _place(client, "dd")).status_code == 201
-        assert (await _place(client, "ee", quota=0)).status_code == 400

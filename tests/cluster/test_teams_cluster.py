@@ -121,6 +121,50 @@ def test_a_team_quota_holds_across_the_cluster_under_forty_creates(lay: Layout) 
     assert [a.status_code for a in other] == [201, 201, 201]
 
 
+def test_a_teams_memory_and_disk_hold_across_the_cluster(lay: Layout) -> None:
+    """``maxMemoryMB`` and ``maxDiskMB`` are held by the nodes against the cluster's ledger
+    (``cluster/team_usage.py``). Two of the team's sandboxes run on nodes 0 and 1, made
+    there directly; 40 creates through two gateways then start exactly the one more the
+    memory allows, wherever they land (no node's own count would stop there). A kill and a
+    pause free memory for the next create at once; paused sandboxes keep their disk."""
+    team = _team(lay, "sized")
+    base = {"templateID": "base", "timeout": 300}
+    with _client(lay.nodes[0].url, team["apiKey"]) as n0:
+        first = n0.post("/sandboxes", json=base).json()["sandboxID"]
+        info = n0.get(f"/sandboxes/{first}").json()
+        memory, disk = info["memoryMB"], info["diskSizeMB"]
+    with _client(lay.nodes[1].url, team["apiKey"]) as n1:
+        second = n1.post("/sandboxes", json=base).json()["sandboxID"]
+    # Started without a quota, they count from their nodes' next heartbeats (0.5 s here).
+    time.sleep(1.2)
+    with _client(lay.gateways[0].url, API_KEY) as op:
+        assert op.patch(f"/teams/{team['teamID']}", json={"quota": {
+            "maxMemoryMB": 3 * memory, "maxDiskMB": 4 * disk}}).status_code == 200
+    answers = asyncio.run(_creates([g.url for g in lay.gateways], team["apiKey"], 40))
+    started = [a.json()["sandboxID"] for a in answers if a.status_code == 201]
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(started) == 1 and len(refused) == 39, sorted(a.status_code for a in answers)
+    assert all(a.headers.get("Retry-After") for a in refused)
+    assert f"quota of {3 * memory} MB of memory" in refused[0].json()["message"]
+    with _client(lay.gateways[1].url, team["apiKey"]) as t:
+        with _client(lay.nodes[0].url, team["apiKey"]) as n0:
+            assert n0.delete(f"/sandboxes/{first}").status_code == 204
+        again = t.post("/sandboxes", json=base)  # at once, not at the next heartbeat
+        assert again.status_code == 201, again.text
+        with _client(lay.nodes[1].url, team["apiKey"]) as n1:
+            assert n1.post(f"/sandboxes/{second}/pause").status_code == 204
+        after_pause = t.post("/sandboxes", json=base)
+        assert after_pause.status_code == 201, after_pause.text  # 3 up, 1 paused: 4 disks
+        assert t.post(f"/sandboxes/{started[0]}/pause").status_code == 204
+        over_disk = t.post("/sandboxes", json=base)
+        assert over_disk.status_code == 429, over_disk.text
+        assert f"quota of {4 * disk} MB of disk" in over_disk.json()["message"]
+    for node in lay.nodes:
+        with _client(node.url, team["apiKey"]) as t:
+            for sandbox in t.get("/v2/sandboxes", params={"state": "running,paused"}).json():
+                t.delete(f"/sandboxes/{sandbox['sandboxID']}")
+
+
 def test_a_teams_starts_per_second_hold_across_two_gateways(lay: Layout) -> None:
     """``startsPerSecond: 2`` through two gateways at once: the two count as one (at most
     two starts a second between them; a burst straddling a second may take four), the rest

@@ -76,6 +76,7 @@ def test_forty_creates_at_once_start_exactly_the_quota(node: NodeServer) -> None
     refused = [a for a in answers if a.status_code == 429]
     assert len(started) == 3 and len(refused) == 37, [a.status_code for a in answers]
     assert all(int(a.headers["Retry-After"]) >= 1 for a in refused)
+    assert all(a.headers["Aenv-Quota-Exceeded"] == "1" for a in refused)  # no other node tried
     assert "quota of 3 running sandboxes" in refused[0].json()["message"]
     key = {"X-API-KEY": team["apiKey"]}
     with httpx.Client(base_url=node.url, headers=key, timeout=60) as client:
@@ -92,6 +93,8 @@ def test_forty_creates_at_once_start_exactly_the_quota(node: NodeServer) -> None
                              json={"count": 2})
         assert forked.status_code == 201, forked.text
         assert [e["error"]["code"] for e in forked.json()] == [429, 429]
+        # Marked as the quota's: a gateway does not spread them over other nodes.
+        assert {e["error"]["error"] for e in forked.json()} == {"quota_exceeded"}
         # Raised by the operator: the quota applies at once.
         op = {"X-API-KEY": API_KEY}
         assert client.patch(f"/teams/{team['teamID']}", json={"quota": {}}).status_code == 403

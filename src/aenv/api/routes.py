@@ -36,10 +36,11 @@ from aenv.api.schemas import (
     TimeoutBody,
 )
 from aenv.api.snapshots import snapshot_info, snapshot_page
-from aenv.core.errors import Conflict, InvalidArgument, NotFound
+from aenv.core.errors import Conflict, InvalidArgument, NotFound, QuotaExceeded
 from aenv.core.ids import is_sandbox_id
 from aenv.core.states import SandboxState
 from aenv.core.timeouts import check_timeout, timeout_or_default
+from aenv.edge.errors import QUOTA_EXCEEDED
 from aenv.edge.limits import check_sandbox_inputs
 from aenv.orchestrator import gc, idle
 from aenv.orchestrator.context import Node
@@ -320,8 +321,10 @@ async def fork_sandbox(
     results = await fork_op.fork(node, _checked_id(sandbox_id), body.count, body.timeout)
     return [
         ForkEntry(sandbox=sandbox_out(r.sandbox, node.settings)) if r.sandbox is not None
-        else ForkEntry(error=ErrorOut(code=r.error.http_status if r.error else 500,
-                                      message=r.error.message if r.error else "unknown"))
+        else ForkEntry(error=ErrorOut(
+            code=r.error.http_status if r.error else 500,
+            message=r.error.message if r.error else "unknown",
+            error=QUOTA_EXCEEDED if isinstance(r.error, QuotaExceeded) else None))
         for r in results
     ]
 

@@ -221,6 +221,9 @@ class GcOut(BaseModel):
 class ErrorOut(BaseModel):
     code: int
     message: str
+    #: Machine-readable, as the scheduler's: ``quota_exceeded`` for a team's quota (a
+    #: gateway does not try that child on another node); else null.
+    error: str | None = None
 
 
 class ForkEntry(BaseModel):

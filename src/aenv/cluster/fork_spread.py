@@ -30,7 +30,7 @@ import httpx
 from starlette.responses import Response
 
 from aenv.cluster.scheduler_client import SchedulerClient
-from aenv.edge.errors import error_content
+from aenv.edge.errors import QUOTA_EXCEEDED, error_content
 
 #: Sends (method, base URL, path, JSON body) with the caller's headers; the httpx answer.
 Send = Callable[[str, str, str, object], Awaitable[httpx.Response]]
@@ -38,11 +38,14 @@ Send = Callable[[str, str, str, object], Awaitable[httpx.Response]]
 
 async def spread(send: Send, scheduler: SchedulerClient, *,
                  parent_id: str, parent_node: tuple[str, str], entries: list[dict[str, Any]],
-                 timeout: int | None, key: str | None = None, quota: int | None = None
+                 timeout: int | None, key: str | None = None
                  ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """``entries`` (the node's answer) with its 429 entries replaced by children on other
     nodes where there is room; the (sandbox id, node id) of each child made here."""
-    full = [i for i, e in enumerate(entries) if (e.get("error") or {}).get("code") == 429]
+    # A child refused for its team's quota would be refused on every node.
+    full = [i for i, e in enumerate(entries)
+            if (e.get("error") or {}).get("code") == 429
+            and (e.get("error") or {}).get("error") != QUOTA_EXCEEDED]
     if not full:
         return entries, []
     node_id, address = parent_node
@@ -59,8 +62,7 @@ async def spread(send: Send, scheduler: SchedulerClient, *,
     snapshot_id = snap.json()["snapshotID"]
     body = child_body(parent.json(), snapshot_id, timeout)
     placed = await scheduler.place(templateID=snapshot_id, snapshotID=snapshot_id,
-                                   count=len(full), spread=True, exclude=[node_id], key=key,
-                                   **({"quota": quota} if quota else {}))
+                                   count=len(full), spread=True, exclude=[node_id], key=key)
     if isinstance(placed, Response):
         return entries, []  # the node's own answer stands: its children, and its 429s
     made: list[tuple[str, str]] = []

@@ -34,10 +34,12 @@ bounded by the protocol ``aenv gateway`` serves with (``edge/protocol.py``).
 API keys: the gateway checks the caller's credential on the control plane before it
 reserves anything — the cluster's key (the nodes' operator key), or a team's key or token in
 the cluster's team directory in Redis (``team_directory.py``, docs/teams.md), read on every
-call so a revoked key is refused at once. Reservations are counted per team, against the
-team's ``maxSandboxes`` cluster-wide (the scheduler's quota). The node checks the key again,
-and which objects are the team's. What the gateway refuses itself (a changing request: a bad
-key, a quota, no node) goes into the cluster's audit log (docs/audit.md).
+call so a revoked key is refused at once. The node checks the key again, which objects are
+the team's, and the team's quotas against the cluster's ledger of its usage
+(``team_usage.py``); a node's 429 for a quota is the caller's answer (no other node is
+tried), and the gateway holds the team's ``startsPerSecond`` itself (``team_rate.py``).
+What the gateway refuses itself (a changing request: a bad key, a quota, no node) goes into
+the cluster's audit log (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ from aenv.cluster.team_directory import RedisDirectory
 from aenv.cluster.team_rate import TeamRate
 from aenv.core.errors import Unavailable
 from aenv.core.settings import Settings
-from aenv.edge.errors import error_body
+from aenv.edge.errors import QUOTA_HEADER, error_body
 from aenv.edge.limits import BodyLimits, guard, is_upload
 from aenv.orchestrator.audit import AuditTrail
 from aenv.orchestrator.tenancy import digest_of, presented
@@ -309,8 +311,7 @@ class Gateway:
         entries, made = await fork_spread.spread(
             send, self.scheduler, parent_id=parent_id,
             parent_node=(node.node_id, node.address), entries=entries,
-            timeout=timeout if isinstance(timeout, int) else None, key=key,
-            quota=_quota(request).get("quota"))
+            timeout=timeout if isinstance(timeout, int) else None, key=key)
         for child_id, child_node in made:
             await self._bind(child_id, child_node, 1)
         return JSONResponse(entries, status_code=201)
@@ -374,8 +375,7 @@ class Gateway:
         answer: Response | None = None
         for _ in range(CREATE_ATTEMPTS):
             placed = await self.scheduler.place(templateID=template, exclude=exclude,
-                                                key=_key_id(request), volumes=volumes,
-                                                **_quota(request))
+                                                key=_key_id(request), volumes=volumes)
             if isinstance(placed, Response):
                 return _mark_own(placed)  # the scheduler's refusal (a quota, no room)
             [placement] = placed
@@ -400,8 +400,8 @@ class Gateway:
                     await self._bind(sandbox_id, placement["nodeID"], 1)
                 return answer
             await self.scheduler.settle(reservation, commit=False)
-            if sent.status_code != 429:
-                return answer
+            if sent.status_code != 429 or sent.headers.get(QUOTA_HEADER):
+                return answer  # a team's quota: every node would answer the same
             exclude.append(placement["nodeID"])
         if answer is None:
             return _own(503, "no node of the cluster could be reached for the create")
@@ -448,13 +448,6 @@ def _key_id(request: Request) -> str:
         return team.team_id.replace("-", "")
     given = request.headers.get("x-api-key", "")
     return hashlib.sha256(given.encode()).hexdigest()[:16]
-
-
-def _quota(request: Request) -> dict[str, int]:
-    """The team's cluster-wide quota of sandboxes for the scheduler, if it has one."""
-    team: TeamRow | None = getattr(request.state, "team", None)
-    limit = (team.quota or {}).get("maxSandboxes") if team is not None else None
-    return {"quota": int(limit)} if limit else {}
 
 
 def _order(item: dict[str, object]) -> tuple[float, str]:

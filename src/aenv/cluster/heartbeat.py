@@ -4,7 +4,7 @@ Each beat reads Redis's clock, then measures the node (``measure``): its sandbox
 from the store (the roster is every sandbox it holds, paused ones included: those are its
 to resume until another node adopts them), creates in flight (admission), CPU and memory of
 the machine, the templates it knows, its warm pool. Then one script writes it all
-(``registry.heartbeat``).
+(``registry.heartbeat``), and another what each team holds here (``team_usage.py``).
 
 A beat that fails (Redis down, a failover) is logged once per outage and retried at the next
 interval; the node keeps serving what it runs, and schedulers stop placing on it once its
@@ -29,6 +29,7 @@ from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.node_identity import node_id
 from aenv.orchestrator.restore_match import requirements_key
+from aenv.orchestrator.team_quota import Usage, usage_by_team
 
 log = logging.getLogger("aenv.cluster.heartbeat")
 
@@ -97,7 +98,8 @@ class Heartbeat:
         self.address = advertised(node)
         self._cpu = CpuMeter()
 
-    async def measure(self) -> tuple[NodeInfo, list[str]]:
+    async def measure(self) -> tuple[NodeInfo, list[str], dict[str, Usage]]:
+        """The node's heartbeat, its roster, and what each team holds on it."""
         records = await self.node.store.list(HELD)
         running = sum(r.state in RUNNING for r in records)
         used, total = memory()
@@ -118,12 +120,16 @@ class Heartbeat:
             warm={default: self.node.warm.ready},
             volumes=self.node.volumes.held_names(),
         )
-        return info, [r.sandbox_id for r in records]
+        usage = usage_by_team(records, self.node.tenancy.default_team_id)
+        return info, [r.sandbox_id for r in records], usage
 
     async def beat(self) -> None:
         measured = await registry.now_ms(self.redis)
-        info, roster = await self.measure()
+        info, roster, usage = await self.measure()
         await registry.heartbeat(self.redis, self.keys, info, roster, measured)
+        shared = self.node.quotas.shared
+        if shared is not None:
+            await shared.publish_all(usage, measured)
 
     async def _run(self) -> None:
         failing = False

@@ -25,6 +25,11 @@ class Keys:
         """Set: the sandbox ids the node ran at its last heartbeat."""
         return f"{self.prefix}:node:{node_id}:roster"
 
+    def team_usage(self, node_id: str) -> str:
+        """Hash: team id → what the team holds on the node, ``<stamp>:<sandboxes up>:<MB of
+        memory>:<MB of disk>`` (``team_usage.py``; stamp: when it was measured, in ms)."""
+        return f"{self.prefix}:node:{node_id}:teams"
+
     def pending(self, node_id: str) -> str:
         """Sorted set: open reservations on the node (member = reservation slot, score =
         expiry in ms on Redis's clock)."""
@@ -101,6 +106,11 @@ class Keys:
     def audit_seq(self) -> str:
         """String: the last ``seq`` given to an audit entry."""
         return f"{self.prefix}:audit-seq"
+
+    def team_held(self, team_id: str) -> str:
+        """Sorted set: a team's starts in flight on any node (member = ``<hold>:<sandboxes>:
+        <MB of memory>:<MB of disk>``, score = expiry in ms) (``team_usage.py``)."""
+        return f"{self.prefix}:team:{team_id}:held"
 
     def team_starts(self, team_id: str) -> str:
         """String with a 2 s expiry: a team's starts in the current second, cluster-wide

@@ -80,7 +80,7 @@ async def roster(redis: Redis, keys: Keys, node_id: str) -> set[str]:
 async def forget(redis: Redis, keys: Keys, node_id: str) -> None:
     """Remove a node from the cluster's state (an operator's ``aenv node rm``)."""
     await redis.delete(keys.node(node_id), keys.roster(node_id), keys.pending(node_id),
-                       keys.committed(node_id))
+                       keys.committed(node_id), keys.team_usage(node_id))
     await redis.srem(keys.nodes, node_id)
 
 

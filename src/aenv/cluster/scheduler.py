@@ -47,7 +47,7 @@ log = logging.getLogger("aenv.cluster.scheduler")
 #: Seconds a caller told "cluster full" waits: about one heartbeat, when capacity may change.
 FULL_RETRY_AFTER_S = 1
 CLUSTER_FULL = "cluster_full"
-QUOTA_EXCEEDED = "quota_exceeded"
+QUOTA_EXCEEDED = errors.QUOTA_EXCEEDED
 NO_NODES = "no_nodes"
 #: How often a scheduler drops from the keys' quotas the sandboxes that ended on their own.
 QUOTA_SWEEP_S = 10.0
@@ -67,8 +67,6 @@ class PlacementRequest(BaseModel):
                             description="the caller's API key id, for its quota")
     volumes: list[str] = Field(default_factory=list, max_length=64,
                                description="names of the volumes the sandbox mounts")
-    quota: int | None = Field(None, ge=1, description="the caller's team's quota of "
-                              "sandboxes, as the gateway read it (None: --key-quota)")
 
     def want(self) -> placement.Want:
         return placement.Want(
@@ -130,7 +128,7 @@ def create_app(redis: Redis, keys: Keys | None = None, *, key_quota: int = 0) ->
                                            "heartbeat)")
         want = body.want()
         needed, grants, over_quota = body.count, [], False
-        quota = body.quota if body.quota is not None else key_quota
+        quota = key_quota
         for node in placement.candidates(nodes, want, now):
             grant = await reserve.reserve(
                 redis, keys, node.node_id, uuid.uuid4().hex, needed,

@@ -1,6 +1,6 @@
 """Joining a cluster: the node's heartbeat to Redis, peer fetch of blobs from other nodes,
-and where the state every node shares lives (teams and keys, secrets, the audit log): the
-node's own database alone, or the cluster's Redis."""
+and where the state every node shares lives (teams and keys, secrets, the audit log, the
+teams' usage): the node's own database alone, or the cluster's Redis."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from aenv.compose.parts import api_key_for
 from aenv.core.settings import Settings
 from aenv.orchestrator.audit import AuditRows
 from aenv.orchestrator.context import Node
+from aenv.orchestrator.node_identity import node_id
 from aenv.orchestrator.secrets import SecretRows
 from aenv.orchestrator.team_directory import LocalDirectory, TeamDirectory
+from aenv.orchestrator.team_quota import SharedUsage
 from aenv.store.audit import AuditStore
 from aenv.store.secrets import SecretStore
 from aenv.store.sqlite import Store
@@ -72,6 +74,20 @@ def audit_store(settings: Settings, store: Store,
     shared = RedisAuditStore(connect(settings.cluster), settings.audit_max_entries)
     stack.push_async_callback(_quietly, "the cluster's audit log", shared.close)
     return shared
+
+
+def team_usage(settings: Settings, stack: contextlib.AsyncExitStack) -> SharedUsage | None:
+    """The cluster's ledger of the teams' usage, which the teams' quotas are held against
+    cluster-wide (closed by ``stack``); None: a node alone holds them for itself."""
+    if not settings.cluster:
+        return None
+    from aenv.cluster.keys import Keys
+    from aenv.cluster.redis_client import connect
+    from aenv.cluster.team_usage import ClusterTeamUsage
+
+    redis = connect(settings.cluster)
+    stack.push_async_callback(_quietly, "the cluster's team usage", redis.aclose)
+    return ClusterTeamUsage(redis, Keys(), node_id(settings))
 
 
 async def _quietly(what: str, close: Callable[[], Awaitable[object]]) -> None:

@@ -30,6 +30,7 @@ from aenv.compose.cluster import (
     join_peers,
     secret_store,
     team_directory,
+    team_usage,
 )
 from aenv.core.errors import AenvError
 from aenv.core.net import EgressPolicy
@@ -57,6 +58,7 @@ from aenv.orchestrator.secrets import Vault
 from aenv.orchestrator.settle import settle
 from aenv.orchestrator.spill import Spiller
 from aenv.orchestrator.supervisor import Supervisor
+from aenv.orchestrator.team_quota import QuotaGate
 from aenv.orchestrator.template_image import with_memory_image
 from aenv.orchestrator.tenancy import Tenancy
 from aenv.orchestrator.ttl import run_ttl_loop
@@ -159,6 +161,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
                             retry_after_s=settings.busy_retry_after_s),
         owners=Owners(deadline_s=settings.operation_deadline_s,
                       wait_s=settings.transition_wait_s),
+        quotas=QuotaGate(shared=team_usage(settings, stack)),
     )
     node.owners.settler = partial(settle, node)
     node.builder.attach(node)

@@ -88,6 +88,11 @@ class ResourceExhausted(AenvError):
         self.retry_after_s = retry_after_s
 
 
+class QuotaExceeded(ResourceExhausted):
+    """A team's quota (``orchestrator/team_quota.py``), the same on every node of a
+    cluster: a gateway does not try the start on another node."""
+
+
 class NotEnoughSpace(ResourceExhausted):
     http_status = 507
 

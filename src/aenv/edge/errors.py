@@ -13,9 +13,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from aenv.core.errors import AenvError, ResourceExhausted
+from aenv.core.errors import AenvError, QuotaExceeded, ResourceExhausted
 
 log = logging.getLogger("aenv.api")
+
+#: Sent with a 429 that is a team's quota, not a node's room: a gateway gives it to the
+#: caller as it is, since every node of the cluster would answer the same.
+QUOTA_HEADER = "Aenv-Quota-Exceeded"
+#: The machine-readable ``error`` of a quota's refusal where a body carries one (the
+#: scheduler's answers, a fork's per-child errors).
+QUOTA_EXCEEDED = "quota_exceeded"
 
 
 def error_body(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -60,9 +67,12 @@ def install(app: FastAPI) -> None:
     async def _domain(request: Request, exc: AenvError) -> JSONResponse:
         if exc.http_status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, exc.message)
-        retry = exc.retry_after_s if isinstance(exc, ResourceExhausted) else None
-        return _answer(request, exc.http_status, exc.message, exc.reason,
-                       None if retry is None else {"Retry-After": str(retry)})
+        headers: dict[str, str] = {}
+        if isinstance(exc, ResourceExhausted) and exc.retry_after_s is not None:
+            headers["Retry-After"] = str(exc.retry_after_s)
+        if isinstance(exc, QuotaExceeded):
+            headers[QUOTA_HEADER] = "1"
+        return _answer(request, exc.http_status, exc.message, exc.reason, headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -26,6 +26,7 @@ from aenv.core.states import SandboxState
 from aenv.orchestrator import disk_mode, paused_repo
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops.teardown import teardown
+from aenv.orchestrator.team_quota import team_changed
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.kill")
@@ -54,6 +55,7 @@ async def kill(node: Node, sandbox_id: str, *, reason: str | None = None) -> boo
     node.owners.begin_kill(sandbox_id)
     await mark_killing(node, sandbox_id, reason)
     node.streams.abort(sandbox_id)
+    await team_changed(node, record.team_id)  # its quota is free from now, cluster-wide
     node.spiller.cancel(sandbox_id)
     task = node.owners.start_kill(sandbox_id, lambda: _finish(node, sandbox_id),
                                   deadline=node.settings.kill_deadline_s)

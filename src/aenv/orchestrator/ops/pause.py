@@ -36,6 +36,7 @@ from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
 from aenv.orchestrator.ops import fs_pause
 from aenv.orchestrator.ops.quiesce import quiesced
+from aenv.orchestrator.team_quota import team_changed
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.pause")
@@ -54,9 +55,11 @@ async def pause(node: Node, sandbox_id: str, *, require_healthy: bool = False,
     the sandbox is owned: true gives it back running (``Conflict``) — the idle pause's last
     look for traffic that arrived while the record was read. ``wait``: how long to wait for
     the sandbox's turn (0: background work, skipped while another operation holds it)."""
-    return await node.owners.run(
+    paused = await node.owners.run(
         sandbox_id, "pause",
         lambda: _pause(node, sandbox_id, require_healthy, memory, unless), wait=wait)
+    await team_changed(node, paused.team_id)  # its memory no longer counts, cluster-wide
+    return paused
 
 
 async def _pause(node: Node, sandbox_id: str, require_healthy: bool, memory: bool,
