@@ -34,6 +34,7 @@ RECORD_OWN = {"sandbox_id", "client_id", "envd_token", "created_at", "started_at
 #: Seconds a paused child may take to show as paused after its timeout (the TTL loop, then
 #: a pause written to disk on a loaded machine).
 PAUSE_WAIT_S = 90.0
+IAM_AUDIENCE = "https://api.example.test"
 
 
 def _record(node: NodeServer, sandbox_id: str) -> dict[str, Any]:
@@ -66,18 +67,21 @@ def _paused(api: httpx.Client, sandbox_id: str) -> dict[str, Any]:
 def test_the_create_of_a_child_elsewhere_carries_what_the_parent_has() -> None:
     parent = {"templateID": "base", "alias": "base", "metadata": {"k": "v"},
               "allowInternetAccess": False, "network": {"denyOut": ["0.0.0.0/0"]},
+              "iam": {"tokens": {"api": {"audience": "a", "tokenType": "JWT-SVID"}}},
               "lifecycle": {"onTimeout": "pause", "autoResume": True,
                             "autoPauseMemory": False}}
     assert child_body(parent, "snap1", 60) == {
         "templateID": "snap1", "timeout": 60, "autoPause": True, "autoPauseMemory": False,
         "autoResume": {"enabled": True}, "allow_internet_access": False,
         "network": {"denyOut": ["0.0.0.0/0"]},
+        "iam": {"tokens": {"api": {"audience": "a", "tokenType": "JWT-SVID"}}},
         "forkOf": {"templateID": "base", "alias": "base"}}
     # A node that does not say what its pause keeps: memory too, the default.
     plain = child_body({"templateID": "t", "lifecycle": {"onTimeout": "kill",
                                                           "autoResume": False}}, "s", None)
     assert plain["autoPauseMemory"] is True and plain["autoPause"] is False
     assert "timeout" not in plain and plain["forkOf"] == {"templateID": "t", "alias": None}
+    assert plain["iam"] is None
 
 
 @pytest.mark.gvisor
@@ -97,6 +101,7 @@ def test_children_on_another_node_are_those_made_beside_the_parent(
             "autoPause": True, "autoPauseMemory": False, "autoResume": {"enabled": True},
             "allow_internet_access": False,
             "network": {"allowOut": ["10.9.8.7/32"], "denyOut": ["0.0.0.0/0"]},
+            "iam": {"tokens": {"api": {"audience": IAM_AUDIENCE, "tokenType": "JWT-SVID"}}},
         })
         assert made.status_code == 201, made.text
         parent_id = made.json()["sandboxID"]
@@ -131,6 +136,9 @@ def test_children_on_another_node_are_those_made_beside_the_parent(
                                      "autoPauseMemory": False}
         assert same["allowInternetAccess"] is False
         assert same["network"] == {"allowOut": ["10.9.8.7/32"], "denyOut": ["0.0.0.0/0"]}
+        # Its workload identity too: the record's tokens are compared with the rest below.
+        assert same["iam"] == {"tokens": {"api": {"audience": IAM_AUDIENCE,
+                                                  "tokenType": "JWT-SVID"}}}
 
         # The nodes' records: every column but who, when and the runtime's own.
         same_row = _record(nodes[str(where[same_id])], same_id)

@@ -17,6 +17,7 @@ from aenv.core.states import SandboxState
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator import egress, traffic
 from aenv.orchestrator.liveness import Verdict
+from aenv.orchestrator.workload_identity import iam_body
 from aenv.store.models import SandboxRecord
 
 
@@ -69,6 +70,7 @@ def detail(record: SandboxRecord, settings: Settings,
         domain=settings.sandbox_domain,
         allowInternetAccess=record.allow_internet_access,
         network=egress.shown(record.network),
+        iam=iam_body(egress.identity_of(record)),
         lifecycle=Lifecycle(
             onTimeout="pause" if record.auto_pause else "kill", autoResume=record.auto_resume,
             autoPauseMemory=record.auto_pause_memory,

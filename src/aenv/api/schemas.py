@@ -171,6 +171,9 @@ class SandboxDetail(ListedSandbox):
     domain: str | None = None
     allowInternetAccess: bool | None = None
     network: dict[str, Any] | None = None
+    #: The workload identity tokens its create asked for, as the create said them
+    #: (``{"tokens": {<name>: {"audience", "tokenType"}}}``; no token itself); null: none.
+    iam: dict[str, Any] | None = None
     lifecycle: Lifecycle | None = None
     #: Paused sandboxes: "full" (memory and files) or "filesystem" (files only: disk
     #: workspaces and ``memory: false``).

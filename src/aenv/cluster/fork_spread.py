@@ -102,6 +102,7 @@ def child_body(parent: dict[str, Any], snapshot_id: str, timeout: int | None
         "autoResume": {"enabled": bool(lifecycle.get("autoResume"))},
         "allow_internet_access": parent.get("allowInternetAccess"),
         "network": parent.get("network"),
+        "iam": parent.get("iam"),
         "forkOf": {"templateID": parent["templateID"], "alias": parent.get("alias")},
     }
     if timeout is not None:

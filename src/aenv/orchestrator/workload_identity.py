@@ -95,6 +95,14 @@ def parse_iam(value: object) -> tuple[TokenSpec, ...]:
     return tuple(_token(name, spec) for name, spec in tokens.items())
 
 
+def iam_body(specs: tuple[TokenSpec, ...]) -> dict[str, Any] | None:
+    """``specs`` as a create body's ``iam`` (what ``parse_iam`` reads back); None: none."""
+    if not specs:
+        return None
+    return {"tokens": {t.name: {"audience": t.audience, "tokenType": t.token_type}
+                       for t in specs}}
+
+
 def _token(name: object, spec: object) -> TokenSpec:
     if not isinstance(name, str) or not name or _BAD_NAME.search(name):
         raise InvalidArgument(
