@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from e2b import Sandbox
@@ -128,10 +130,28 @@ def test_snapshots(aenv: Cli, sandbox: Sandbox) -> None:
 def test_logs_and_metrics(aenv: Cli, sandbox: Sandbox) -> None:
     logs = aenv("logs", sandbox.sandbox_id)
     assert logs.code == 0, logs
-    assert "no sandbox log lines" in logs.stderr
-    assert f"sandbox_id: {sandbox.sandbox_id}" in logs.stdout
-    assert "state: running" in logs.stdout
+    assert "INFO  sandbox created" in logs.stdout, logs
+    entries = [json.loads(line) for line in
+               aenv("logs", sandbox.sandbox_id, "--json").stdout.splitlines()]
+    assert entries[0]["message"] == "sandbox created" and entries[0]["level"] == "info"
+    assert entries[0]["fields"] == {"event": "state:running", "from": "creating"}
+    assert aenv("logs", sandbox.sandbox_id, "--level", "error").stdout == ""
     metrics = json.loads(aenv("metrics", sandbox.sandbox_id, "--json").stdout)
     assert metrics and metrics[0]["mem_total"] > 0 and metrics[0]["cpu_count"] >= 1
     table = aenv("metrics", sandbox.sandbox_id)
     assert table.code == 0 and "MEMORY" in table.stdout, table
+
+
+
+def test_logs_follow_until_the_kill(aenv: Cli) -> None:
+    sandbox = Sandbox.create(timeout=120)
+    with ThreadPoolExecutor(1) as pool:
+        followed = pool.submit(aenv, "logs", "-f", sandbox.sandbox_id)
+        time.sleep(2)  # following by now
+        assert not followed.done()
+        sandbox.kill()
+        done = followed.result(timeout=30)
+    assert done.code == 0, done
+    lines = done.stdout.splitlines()
+    assert "sandbox created" in lines[0] and "sandbox killed" in lines[-1], lines
+    assert len(lines) == len(set(lines))  # nothing printed twice

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv.api import audit, identity, node_status, secrets, teams, templates, volumes
+from aenv.api import audit, identity, logs, node_status, secrets, teams, templates, volumes
 from aenv.api.routes import public, router
 from aenv.core.states import SandboxState
 from aenv.edge import errors
@@ -27,6 +27,7 @@ def build_api(node: Node, api_key: str) -> FastAPI:
     # Before the sandbox routes: ``DELETE /templates/tags`` must not read as a template id.
     api.include_router(templates.router)
     api.include_router(router)
+    api.include_router(logs.router)
     api.include_router(node_status.router)
     api.include_router(volumes.volumes)
     api.include_router(volumes.volume_content)

@@ -1,14 +1,15 @@
 """``aenv logs|metrics``: what the node tells about one sandbox.
 
-The node has no logs route (E2B's ``GET /sandboxes/{id}/logs`` is not served: a sandbox's
-console log stays on the node, under ``<home>/runtime/<id>/logs``). ``aenv logs`` says so and
-prints what the node does keep: the sandbox's state, times, lifecycle and network settings
-(``GET /sandboxes/{id}``). ``aenv metrics`` prints ``GET /sandboxes/{id}/metrics``. Both go
-through the e2b SDK's class methods, which do not connect to (and so do not resume) the sandbox.
+``aenv logs`` pages through E2B's ``GET /v2/sandboxes/{id}/logs`` (docs/logs.md) with the e2b
+SDK's own API client: the sandbox's lifecycle events and console lines, oldest first; ``-f``
+polls for new ones (from the last one's time, dropping what it printed already) until the
+sandbox is killed. ``aenv metrics`` prints ``GET /sandboxes/{id}/metrics`` through the SDK's
+class method. Neither connects to (nor so resumes) the sandbox.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from datetime import datetime
@@ -16,16 +17,28 @@ from typing import Annotated, Any
 
 import typer
 from e2b import AsyncSandbox
+from e2b.api import ApiClient
+from e2b.api.client.api.sandboxes import get_v_2_sandboxes_sandbox_id_logs
+from e2b.api.client.models import LogLevel, SandboxLogEntry, SandboxLogsV2Response
+from e2b.api.client.types import UNSET
+from e2b.connection_config import ConnectionConfig
 from rich.table import Table
 
-from aenv.cli.common import AsJson, config, err, examples, out, reachable, run
+from aenv.cli.common import AsJson, config, err, examples, fail, out, reachable, run
 from aenv.client.sandbox import envd_errors
+
+#: Entries asked for per request (E2B's maximum).
+LOG_PAGE = 1000
+#: Seconds between two polls of ``aenv logs -f``.
+FOLLOW_POLL_S = 1.0
 
 SandboxId = Annotated[str, typer.Argument(help="the sandbox's id", show_default=False)]
 
 
 def register(app: typer.Typer) -> None:
-    app.command(epilog=examples("aenv logs i4c2…", "aenv logs --json i4c2…"))(logs)
+    app.command(epilog=examples("aenv logs i4c2…", "aenv logs -f i4c2…",
+                                "aenv logs --level warn --search oom i4c2…",
+                                "aenv logs --json i4c2…"))(logs)
     app.command(epilog=examples("aenv metrics i4c2…", "aenv metrics --json i4c2…"))(metrics)
 
 
@@ -33,25 +46,69 @@ def _api(cfg: Any) -> dict[str, Any]:
     return {"api_key": cfg.api_key, "api_url": cfg.api_url, "domain": cfg.domain}
 
 
-def logs(sandbox_id: SandboxId, as_json: AsJson = False) -> None:
-    """What the node records of a sandbox: state, times, lifecycle (it serves no log lines)."""
-    async def flow() -> dict[str, Any]:
+def logs(sandbox_id: SandboxId, as_json: AsJson = False,
+         follow: Annotated[bool, typer.Option("--follow", "-f",
+                                              help="wait for new entries")] = False,
+         level: Annotated[str | None, typer.Option(
+             help="the lowest level shown: debug, info, warn or error")] = None,
+         search: Annotated[str | None, typer.Option(
+             help="only entries whose message holds this (case-sensitive)")] = None) -> None:
+    """A sandbox's logs: its lifecycle and its console, oldest first."""
+    async def flow() -> None:
         cfg = config()
         await reachable(cfg)
-        with envd_errors(sandbox_id, f"get {sandbox_id}"):
-            info = await AsyncSandbox.get_info(sandbox_id, **_api(cfg))
-        return {k: _plain(v) for k, v in dataclasses.asdict(info).items()}
+        wanted = LogLevel(level) if level else UNSET
+        cursor: int | None = None
+        seen: set[tuple[str, str]] = set()
+        with ApiClient(ConnectionConfig(api_key=cfg.api_key, api_url=cfg.api_url,
+                                        domain=cfg.domain)) as api:
+            while True:
+                answer = await get_v_2_sandboxes_sandbox_id_logs.asyncio_detailed(
+                    sandbox_id, client=api, cursor=UNSET if cursor is None else cursor,
+                    limit=LOG_PAGE, level=wanted, search=search or UNSET)
+                if answer.status_code != 200 or not isinstance(answer.parsed,
+                                                               SandboxLogsV2Response):
+                    fail(_refusal(sandbox_id, answer.status_code, answer.content))
+                page = answer.parsed.logs
+                fresh = [e for e in page if (e.timestamp.isoformat(), e.message) not in seen]
+                for entry in fresh:
+                    _show(entry, as_json)
+                if page:
+                    last = page[-1].timestamp
+                    cursor = int(last.timestamp() * 1000)
+                    seen = {(e.timestamp.isoformat(), e.message) for e in page
+                            if int(e.timestamp.timestamp() * 1000) == cursor}
+                ended = any(e.message == "sandbox killed" for e in fresh)
+                if len(page) == LOG_PAGE and fresh:
+                    continue  # more to read now
+                if not follow or ended:
+                    return
+                await asyncio.sleep(FOLLOW_POLL_S)
 
-    info = run(flow)
+    run(flow)
+
+
+def _show(entry: SandboxLogEntry, as_json: bool) -> None:
+    fields = dict(entry.fields.additional_properties)
     if as_json:
-        typer.echo(json.dumps(info, indent=2))
+        typer.echo(json.dumps({"timestamp": entry.timestamp.isoformat(),
+                               "level": entry.level.value, "message": entry.message,
+                               "fields": fields}))
         return
-    err.print("note: this node serves no sandbox log lines; its record of the sandbox:",
-              style="dim")
-    for key, value in info.items():
-        if value not in (None, {}, []):
-            shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
-            out.print(f"{key}: {shown}", soft_wrap=True)
+    style = {"error": "red", "warn": "yellow", "debug": "dim"}.get(entry.level.value, "")
+    stamp = entry.timestamp.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    out.print(f"{stamp} {entry.level.value.upper():5} {entry.message}", style=style,
+              soft_wrap=True, markup=False, highlight=False)
+
+
+def _refusal(sandbox_id: str, status: int, body: bytes) -> str:
+    try:
+        message = json.loads(body).get("message", "")
+    except (ValueError, AttributeError):
+        message = body.decode(errors="replace")[:200]
+    if status == 404:
+        return f"sandbox {sandbox_id} not found (or its logs are gone)"
+    return f"the node answered {status}: {message}"
 
 
 def metrics(sandbox_id: SandboxId, as_json: AsJson = False) -> None:

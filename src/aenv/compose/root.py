@@ -54,6 +54,7 @@ from aenv.orchestrator.paused_repo import publish_pending
 from aenv.orchestrator.precreated import PrecreatedPool
 from aenv.orchestrator.recover import recover
 from aenv.orchestrator.restore_match import host_requirements
+from aenv.orchestrator.sandbox_logs import LogBook
 from aenv.orchestrator.secrets import Vault
 from aenv.orchestrator.settle import settle
 from aenv.orchestrator.spill import Spiller
@@ -71,6 +72,7 @@ from aenv.storage.layers import LayerStore
 from aenv.storage.rootfs import RootfsStore
 from aenv.storage.volume_catalog import VolumeCatalog
 from aenv.storage.volume_images import VolumeImages
+from aenv.store.sandbox_logs import SandboxLogStore
 from aenv.store.sqlite import Store
 from aenv.store.templates import TemplateStore
 from aenv.store.tenancy import TenancyStore
@@ -155,6 +157,9 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         secrets=Vault(secret_store(settings, store, stack), parts.api_key_for(settings)),
         identity=Issuer(parts.api_key_for(settings), _issuer_url(settings),
                         settings.identity_trust_domain),
+        logbook=LogBook(store, SandboxLogStore(store.db), runtime.console_log,
+                        max_entries=settings.sandbox_log_max_entries,
+                        keep_s=settings.sandbox_log_keep_s),
         supervisor=Supervisor(),
         admission=Admission(max_starts=settings.max_concurrent_starts,
                             max_waiting=settings.max_queued_starts,
@@ -164,6 +169,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         quotas=QuotaGate(shared=team_usage(settings, stack)),
     )
     node.owners.settler = partial(settle, node)
+    store.on_event = node.logbook.on_event
     node.builder.attach(node)
     return _Assembled(node, pool, catalog)
 
@@ -199,6 +205,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
     await node.volumes.recover(node.store)
     _closing(stack, "the volumes", node.volumes.release_all)
     _closing(stack, "the audit trail", node.audit.flush)
+    _closing(stack, "the sandbox logs", node.logbook.flush)
     _closing(stack, "the team directory", node.tenancy.directory.close)
     # Templates built before teams become the first team's (the built-in one stays public).
     await node.tenancy.start(parts.api_key_for(settings), adopt_templates=[
@@ -219,6 +226,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         "liveness": partial(run_liveness_loop, node), "reaper": reaper.sweep,
         "volume-release": node.volumes.run_release_loop,
         "audit": node.audit.run_flush_loop,
+        "sandbox-logs": node.logbook.run,
         "key-use": node.tenancy.run_flush_loop,
         "team-directory": node.tenancy.run_repair_loop,
     }

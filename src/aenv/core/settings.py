@@ -167,6 +167,14 @@ class Settings(BaseSettings):
     """The audit log (``GET /audit``, ``aenv audit``, docs/audit.md) keeps this many entries,
     the newest; older ones are dropped as new ones are written."""
 
+    sandbox_log_max_entries: int = Field(default=10_000, ge=100)
+    """Each sandbox's logs (E2B's logs API, ``aenv logs``, docs/logs.md) keep about this many
+    entries, the newest: lifecycle events and console lines."""
+
+    sandbox_log_keep_s: float = Field(default=86_400.0, ge=60)
+    """A gone sandbox's logs are kept this long after their last entry, for its team to
+    read; then dropped."""
+
     max_concurrent_spills: int = Field(default=2, ge=1)
     """At most this many frozen sandboxes are written to disk at once; the rest wait their
     turn without holding their sandbox, so a resume of one of them never waits behind a

@@ -22,6 +22,7 @@ from aenv.orchestrator.deps import (
 )
 from aenv.orchestrator.liveness import Liveness
 from aenv.orchestrator.owners import Owners
+from aenv.orchestrator.sandbox_logs import LogBook
 from aenv.orchestrator.secrets import Vault
 from aenv.orchestrator.supervisor import Supervisor
 from aenv.orchestrator.team_quota import QuotaGate
@@ -138,6 +139,8 @@ class Node:
     secrets: Vault
     #: Mints the workload identity tokens egress rules name (``workload_identity.py``).
     identity: Issuer
+    #: Each sandbox's logs: lifecycle events and its console (``sandbox_logs.py``).
+    logbook: LogBook
     #: Owns every background loop (``supervisor.py``).
     supervisor: Supervisor = field(default_factory=Supervisor)
     streams: StreamRegistry = field(default_factory=StreamRegistry)

@@ -201,6 +201,11 @@ class Runtime(Protocol):
         it can take at most), or None when the driver cannot tell."""
         ...
 
+    def console_log(self, sandbox_id: str) -> Path | None:
+        """The file the sandbox's init (envd) writes its stdout and stderr to, appended to
+        across restores, while the sandbox has a runtime; None when the driver keeps none."""
+        ...
+
     async def image_requirements(self) -> dict[str, str]:
         """What a memory image this driver saves needs of the host that restores it (its
         build, platform, medium …), beyond the CPU's features: recorded in every manifest with

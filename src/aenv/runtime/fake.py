@@ -291,6 +291,9 @@ class FakeRuntime:
             disk_total=0,
         )
 
+    def console_log(self, sandbox_id: str) -> Path | None:
+        return None
+
     def memory_charged(self, instance: Instance) -> int | None:
         sandbox = self._sandboxes.get(instance.runtime_id)
         return None if sandbox is None else min(IDLE_MEMORY, sandbox.spec.memory_mb << 20)

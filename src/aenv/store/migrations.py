@@ -164,4 +164,22 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE sandboxes ADD COLUMN identity_tokens TEXT;
     """,
+    # 10: sandbox logs (E2B's logs API; orchestrator/sandbox_logs.py): lifecycle events and
+    # the sandbox's console, kept after the sandbox for a while; where each console was read to
+    """
+    CREATE TABLE sandbox_logs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        sandbox_id TEXT NOT NULL,
+        team_id TEXT,
+        at REAL NOT NULL,
+        level TEXT NOT NULL,
+        message TEXT NOT NULL,
+        fields TEXT
+    );
+    CREATE INDEX sandbox_logs_by_sandbox ON sandbox_logs (sandbox_id, at, id);
+    CREATE TABLE sandbox_log_offsets (
+        sandbox_id TEXT PRIMARY KEY,
+        console_offset INTEGER NOT NULL
+    );
+    """,
 ]

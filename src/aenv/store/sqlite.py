@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,10 @@ class Store:
         #: resume's ``running`` was shadowed by a concurrent read's ``resuming``, and the
         #: sandbox was settled from the stale copy).
         self._writes = 0
+        #: Told of every lifecycle event as it is recorded (``orchestrator/sandbox_logs.py``):
+        #: (sandbox id, its team or None, kind, detail). Called in line: it must not block or
+        #: raise.
+        self.on_event: Callable[[str, str | None, str, Any], None] | None = None
 
     @classmethod
     async def open(cls, path: Path, *, synchronous: str = "NORMAL") -> Store:
@@ -186,7 +190,12 @@ class Store:
         self._writes += 1
         self._cache[new.sandbox_id] = new
         if new.state != record.state:
-            await self.add_event(new.sandbox_id, f"state:{new.state}", {"from": str(record.state)})
+            await self.add_event(new.sandbox_id, f"state:{new.state}",
+                                 {"from": str(record.state),
+                                  **({"reason": new.last_error}
+                                     if new.state == SandboxState.KILLING and new.last_error
+                                     else {})},
+                                 team_id=new.team_id)
         return new
 
     async def set_end_at(self, sandbox_id: str, end_at: float) -> SandboxRecord:
@@ -220,15 +229,18 @@ class Store:
         self._cache.pop(record.sandbox_id, None)
         if cur.rowcount != 1:
             raise Conflict(f"sandbox {record.sandbox_id} changed concurrently; retry")
-        await self.add_event(record.sandbox_id, "deleted", None)
+        await self.add_event(record.sandbox_id, "deleted", None, team_id=record.team_id)
 
     # -- events ------------------------------------------------------------------------------
 
-    async def add_event(self, sandbox_id: str, kind: str, detail: Any) -> None:
+    async def add_event(self, sandbox_id: str, kind: str, detail: Any, *,
+                        team_id: str | None = None) -> None:
         await self._db.execute(
             "INSERT INTO events (sandbox_id, at, kind, detail) VALUES (?, ?, ?, ?)",
             (sandbox_id, time.time(), kind, None if detail is None else json.dumps(detail)),
         )
+        if self.on_event is not None:
+            self.on_event(sandbox_id, team_id, kind, detail)
 
     async def events(self, sandbox_id: str) -> builtins.list[dict[str, Any]]:
         async with self._db.execute(

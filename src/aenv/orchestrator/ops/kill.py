@@ -105,7 +105,13 @@ async def _finish(node: Node, sandbox_id: str) -> None:
         record = await mark_killing(node, sandbox_id)
         if record is None:
             return
+    # Its console's last lines, before the teardown removes the file.
+    try:
+        await node.logbook.collect(sandbox_id, record.team_id)
+    except Exception:
+        log.warning("could not read the last console lines of %s", sandbox_id, exc_info=True)
     await teardown(node, record)
+    node.logbook.forget(sandbox_id)
     disk_mode.forget(node, sandbox_id)
     # Published or not as far as the record knows: a crash between a resume and its
     # unpublish leaves a manifest the record no longer names, and a manifest is a GC root —
