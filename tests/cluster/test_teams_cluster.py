@@ -183,3 +183,35 @@ def test_a_teams_starts_per_second_hold_across_two_gateways(lay: Layout) -> None
     with _client(lay.gateways[0].url, team["apiKey"]) as t:
         for sandbox in t.get("/v2/sandboxes").json():
             t.delete(f"/sandboxes/{sandbox['sandboxID']}")
+
+
+def test_fleet_metrics_are_merged_over_the_nodes(lay: Layout) -> None:
+    """Through a gateway, E2B's fleet metrics add up the nodes (``cluster/fleet_metrics.py``):
+    a team's sandboxes on three nodes are one series and one maximum, and one batch request
+    samples sandboxes on every node."""
+    team = _team(lay, "fleet")
+    since = int(time.time()) - 5
+    made = []
+    for node in lay.nodes:
+        with _client(node.url, team["apiKey"]) as n:
+            made.append(n.post("/sandboxes", json={"templateID": "base"}).json()["sandboxID"])
+    with _client(lay.gateways[1].url, team["apiKey"]) as t:
+        batch = t.get("/sandboxes/metrics", params={"sandbox_ids": ",".join(made)})
+        assert batch.status_code == 200, batch.text
+        assert sorted(batch.json()["sandboxes"]) == sorted(made)
+        deadline = time.monotonic() + 20
+        while True:  # each node samples every 5 s, at the same instants
+            points = t.get(f"/teams/{team['teamID']}/metrics", params={"start": since}).json()
+            if any(p["concurrentSandboxes"] == 3 for p in points):
+                break
+            assert time.monotonic() < deadline, points
+            time.sleep(1)
+        top = t.get(f"/teams/{team['teamID']}/metrics/max",
+                    params={"start": since, "metric": "concurrent_sandboxes"}).json()
+        assert top["value"] == 3
+        assert t.get(f"/teams/{team['teamID']}/metrics/max",
+                     params={"metric": "x"}).status_code == 400
+        assert t.get("/sandboxes/metrics", params={"sandbox_ids": ""}).status_code == 400
+    for node, sandbox_id in zip(lay.nodes, made, strict=True):
+        with _client(node.url, team["apiKey"]) as n:
+            n.delete(f"/sandboxes/{sandbox_id}")

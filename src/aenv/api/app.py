@@ -5,7 +5,17 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from aenv.api import audit, identity, logs, node_status, secrets, teams, templates, volumes
+from aenv.api import (
+    audit,
+    identity,
+    logs,
+    metrics,
+    node_status,
+    secrets,
+    teams,
+    templates,
+    volumes,
+)
 from aenv.api.routes import public, router
 from aenv.core.states import SandboxState
 from aenv.edge import errors
@@ -26,6 +36,8 @@ def build_api(node: Node, api_key: str) -> FastAPI:
     api.include_router(templates.uploads)
     # Before the sandbox routes: ``DELETE /templates/tags`` must not read as a template id.
     api.include_router(templates.router)
+    # Before the sandbox routes: ``GET /sandboxes/metrics`` must not read as a sandbox id.
+    api.include_router(metrics.router)
     api.include_router(router)
     api.include_router(logs.router)
     api.include_router(node_status.router)

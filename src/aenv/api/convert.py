@@ -9,6 +9,7 @@ from aenv.api.schemas import (
     Lifecycle,
     ListedSandbox,
     SandboxDetail,
+    SandboxMetric,
     SandboxOut,
     VolumeMountOut,
 )
@@ -17,6 +18,7 @@ from aenv.core.states import SandboxState
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator import egress, traffic
 from aenv.orchestrator.liveness import Verdict
+from aenv.orchestrator.ops.metrics import MetricSample
 from aenv.orchestrator.workload_identity import iam_body
 from aenv.store.models import SandboxRecord
 
@@ -94,3 +96,13 @@ def _paused_fields(record: SandboxRecord) -> dict[str, Any]:
     filesystem = bool((record.instance or {}).get("filesystem"))
     return {"pauseMode": "filesystem" if filesystem else "full",
             "envdUnresponsiveAtPause": bool((record.instance or {}).get("envd_unresponsive"))}
+
+
+def metric_out(sample: MetricSample) -> SandboxMetric:
+    """A sandbox's usage sample in E2B's ``SandboxMetric``."""
+    stats = sample.stats
+    return SandboxMetric(
+        timestamp=iso(sample.timestamp), timestampUnix=int(sample.timestamp),
+        cpuCount=stats.cpu_count, cpuUsedPct=stats.cpu_used_pct, memUsed=stats.mem_used,
+        memTotal=stats.mem_total, memCache=stats.mem_cache, diskUsed=stats.disk_used,
+        diskTotal=stats.disk_total)

@@ -11,7 +11,7 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
 from aenv.api import idempotency, listing
 from aenv.api.auth import CallerDep, require_operator
-from aenv.api.convert import detail, iso, listed, sandbox_out
+from aenv.api.convert import detail, iso, listed, metric_out, sandbox_out
 from aenv.api.node import NodeDep, node_of
 from aenv.api.ownership import guard_path, require_template, require_volumes
 from aenv.api.schemas import (
@@ -348,19 +348,7 @@ async def sandbox_metrics(
     now = int(sample.timestamp)
     if (start is not None and now < start - 10) or (end is not None and now > end + 10):
         return []
-    return [
-        SandboxMetric(
-            timestamp=iso(sample.timestamp),
-            timestampUnix=now,
-            cpuCount=sample.stats.cpu_count,
-            cpuUsedPct=sample.stats.cpu_used_pct,
-            memUsed=sample.stats.mem_used,
-            memTotal=sample.stats.mem_total,
-            memCache=sample.stats.mem_cache,
-            diskUsed=sample.stats.disk_used,
-            diskTotal=sample.stats.disk_total,
-        )
-    ]
+    return [metric_out(sample)]
 
 
 @router.api_route("/node/blobs/{digest}", methods=["GET", "HEAD"], response_model=None,

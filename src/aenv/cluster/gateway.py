@@ -68,7 +68,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api.audit import actor_of
 from aenv.api.listing import encode_cursor
-from aenv.cluster import bindings, fork_spread, forward, reserve
+from aenv.cluster import bindings, fleet_metrics, fork_spread, forward, reserve
 from aenv.cluster.audit_store import RedisAuditStore
 from aenv.cluster.cache import Binding, ClusterCache
 from aenv.cluster.keys import Keys
@@ -92,6 +92,7 @@ _BY_ID = re.compile(r"^/(?:v\d+/)?sandboxes/([a-z0-9]{8,64})(?:/|$)")
 _NOT_IDS = frozenset({"metrics"})
 _LIST_PATHS = frozenset({"/sandboxes", "/v2/sandboxes"})
 _FORK = re.compile(r"^/sandboxes/([a-z0-9]+)/fork$")
+_TEAM_METRICS = re.compile(r"^/teams/[^/]+/metrics(?:/max)?$")
 _RESUME = re.compile(r"^/(?:v\d+/)?sandboxes/[a-z0-9]+/(?:connect|resume)$")
 log = logging.getLogger("aenv.cluster.gateway")
 
@@ -158,6 +159,9 @@ class Gateway:
             return await self._create(request)
         if path in _LIST_PATHS and request.method == "GET":
             return await self._list(request)
+        if request.method == "GET" and (path == "/sandboxes/metrics"
+                                        or _TEAM_METRICS.match(path)):
+            return await self._fleet_metrics(request)
         fork = _FORK.match(path)
         if fork and request.method == "POST":
             return await self._fork(request, fork.group(1))
@@ -340,6 +344,23 @@ class Gateway:
             log.warning("sandbox %s was moved by another gateway at the same time", sandbox_id)
         return Response(sent.content, status_code=sent.status_code, headers={
             k: v for k, v in sent.headers.items() if k.lower() in ("content-type",)})
+
+    async def _fleet_metrics(self, request: Request) -> Response:
+        """Many sandboxes' metrics, or a team's, merged over the nodes (``fleet_metrics``)."""
+        nodes, now = await self._nodes()
+        reachable = {n.node_id: n.address for n in nodes if n.health(now) is not Health.LOST}
+        fetch = fleet_metrics.fetcher(self.http, request)
+        if request.url.path != "/sandboxes/metrics":
+            return await fleet_metrics.team(fetch, list(reachable.values()), request,
+                                            maximum=request.url.path.endswith("/max"))
+        holding: set[str] = set()
+        for sandbox_id in fleet_metrics.sandbox_ids(request)[:100]:
+            bound, _ = await self.cache.binding(sandbox_id)
+            if bound is not None and bound[0] in reachable:
+                holding.add(reachable[bound[0]])
+        if not holding and reachable:
+            holding = {next(iter(reachable.values()))}  # it answers a bad list's 400
+        return await fleet_metrics.sandboxes(fetch, sorted(holding))
 
     async def _to_any(self, request: Request) -> Response:
         nodes, now = await self._nodes()

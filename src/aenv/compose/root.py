@@ -59,6 +59,7 @@ from aenv.orchestrator.secrets import Vault
 from aenv.orchestrator.settle import settle
 from aenv.orchestrator.spill import Spiller
 from aenv.orchestrator.supervisor import Supervisor
+from aenv.orchestrator.team_metrics import TeamMeter
 from aenv.orchestrator.team_quota import QuotaGate
 from aenv.orchestrator.template_image import with_memory_image
 from aenv.orchestrator.tenancy import Tenancy
@@ -74,6 +75,7 @@ from aenv.storage.volume_catalog import VolumeCatalog
 from aenv.storage.volume_images import VolumeImages
 from aenv.store.sandbox_logs import SandboxLogStore
 from aenv.store.sqlite import Store
+from aenv.store.team_samples import TeamSampleStore
 from aenv.store.templates import TemplateStore
 from aenv.store.tenancy import TenancyStore
 from aenv.templates import code_interpreter
@@ -139,6 +141,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
     if leftovers:
         log.info("removed %d leftovers of interrupted unpacks, build steps and pulls",
                  leftovers)
+    tenancy = Tenancy(team_directory(settings, store), TenancyStore(store.db))
     node = Node(
         settings=settings, store=store, runtime=runtime, pool=pool, rootfs=rootfs,
         templates=catalog, guests=guests, envd_bundle=bundle, repository=repository,
@@ -153,10 +156,13 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         volumes=Volumes(settings, VolumeCatalog(repository.store), VolumeImages(settings.home),
                         node_id(settings)),
         audit=AuditTrail(audit_store(settings, store, stack), settings.audit_max_entries),
-        tenancy=Tenancy(team_directory(settings, store), TenancyStore(store.db)),
+        tenancy=tenancy,
         secrets=Vault(secret_store(settings, store, stack), parts.api_key_for(settings)),
         identity=Issuer(parts.api_key_for(settings), _issuer_url(settings),
                         settings.identity_trust_domain),
+        team_meter=TeamMeter(store, TeamSampleStore(store.db),
+                             lambda: tenancy.default_team_id,
+                             keep_s=settings.team_metrics_keep_s),
         logbook=LogBook(store, SandboxLogStore(store.db), runtime.console_log,
                         max_entries=settings.sandbox_log_max_entries,
                         keep_s=settings.sandbox_log_keep_s),
@@ -227,6 +233,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         "volume-release": node.volumes.run_release_loop,
         "audit": node.audit.run_flush_loop,
         "sandbox-logs": node.logbook.run,
+        "team-metrics": node.team_meter.run,
         "key-use": node.tenancy.run_flush_loop,
         "team-directory": node.tenancy.run_repair_loop,
     }

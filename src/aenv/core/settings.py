@@ -171,6 +171,10 @@ class Settings(BaseSettings):
     """Each sandbox's logs (E2B's logs API, ``aenv logs``, docs/logs.md) keep about this many
     entries, the newest: lifecycle events and console lines."""
 
+    team_metrics_keep_s: float = Field(default=7 * 86_400.0, ge=3600)
+    """Each team's samples (sandboxes up, starts per second: ``GET /teams/{id}/metrics``,
+    docs/metrics.md) are kept this long."""
+
     sandbox_log_keep_s: float = Field(default=86_400.0, ge=60)
     """A gone sandbox's logs are kept this long after their last entry, for its team to
     read; then dropped."""

@@ -25,6 +25,7 @@ from aenv.orchestrator.owners import Owners
 from aenv.orchestrator.sandbox_logs import LogBook
 from aenv.orchestrator.secrets import Vault
 from aenv.orchestrator.supervisor import Supervisor
+from aenv.orchestrator.team_metrics import TeamMeter
 from aenv.orchestrator.team_quota import QuotaGate
 from aenv.orchestrator.tenancy import Tenancy
 from aenv.orchestrator.volumes import Volumes
@@ -141,6 +142,8 @@ class Node:
     identity: Issuer
     #: Each sandbox's logs: lifecycle events and its console (``sandbox_logs.py``).
     logbook: LogBook
+    #: Each team's sandboxes up and starts over time (``team_metrics.py``).
+    team_meter: TeamMeter
     #: Owns every background loop (``supervisor.py``).
     supervisor: Supervisor = field(default_factory=Supervisor)
     streams: StreamRegistry = field(default_factory=StreamRegistry)

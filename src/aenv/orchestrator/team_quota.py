@@ -297,10 +297,12 @@ async def team_changed(node: Node, team_id: str | None) -> None:
 async def team_starts(node: Node, team_id: str | None, *, count: int,
                       memory_mb: int) -> AsyncIterator[None]:
     """:meth:`QuotaGate.admit` for ``count`` sandboxes of ``memory_mb`` started for the team
-    ``team_id`` (None: the default team) on ``node``."""
+    ``team_id`` (None: the default team) on ``node``; once they started, they count in the
+    team's start rate (``team_metrics.py``)."""
     tenancy = node.tenancy
     key = team_id or tenancy.default_team_id
     async with node.quotas.admit(await tenancy.quota_of(team_id), key,
                                  _team_records(node, key), count=count,
                                  memory_mb=memory_mb, disk_mb=node.settings.disk_size_mb):
         yield
+    node.team_meter.started(key, count)

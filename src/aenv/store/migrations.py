@@ -182,4 +182,15 @@ MIGRATIONS: list[str] = [
         console_offset INTEGER NOT NULL
     );
     """,
+    # 11: each team's sandboxes up and starts, sampled (E2B's team metrics;
+    # orchestrator/team_metrics.py)
+    """
+    CREATE TABLE team_samples (
+        team_id TEXT NOT NULL,
+        at INTEGER NOT NULL,
+        concurrent INTEGER NOT NULL,
+        starts INTEGER NOT NULL,
+        PRIMARY KEY (team_id, at)
+    );
+    """,
 ]
