@@ -17,6 +17,7 @@ OWN = {
     ("GET", "/templates"), ("GET", "/volumes"), ("POST", "/volumes"), ("GET", "/audit"),
     ("GET", "/teams"), ("GET", "/api-keys"), ("POST", "/api-keys"),
     ("POST", "/access-tokens"), ("GET", "/secrets"), ("POST", "/secrets"),
+    ("GET", "/sandboxes/metrics"),
 }
 PUBLIC = {("GET", "/health"), ("GET", "/.well-known/jwks.json"),
           ("GET", "/.well-known/openid-configuration")}
@@ -91,7 +92,11 @@ def _fill(path: str, ids: dict[str, str]) -> str:
     }
     filled = re.sub(r"\{(\w+)(:path)?\}", lambda m: values[m.group(1)], path)
     assert "{" not in filled, path
-    # The volume content routes name the file in the query.
+    # The volume content routes name the file in the query; the batch metrics A's sandbox.
+    if path == "/sandboxes/metrics":
+        return f"{filled}?sandbox_ids={ids['sandbox_id']}"
+    if path == "/teams/{team_id}/metrics/max":  # well-formed: the refusal is for the team
+        return f"{filled}?metric=concurrent_sandboxes"
     return filled + ("?path=/a" if path.startswith("/volumecontent/") else "")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.layout import Layout, cluster_layout
 from tests.server.harness import API_KEY
@@ -215,3 +216,37 @@ def test_fleet_metrics_are_merged_over_the_nodes(lay: Layout) -> None:
     for node, sandbox_id in zip(lay.nodes, made, strict=True):
         with _client(node.url, team["apiKey"]) as n:
             n.delete(f"/sandboxes/{sandbox_id}")
+
+
+def test_each_role_is_scraped_by_prometheus(lay: Layout) -> None:
+    """Prometheus ``/metrics`` of the gateways, the schedulers and the nodes (docs/metrics.md),
+    parsed by ``prometheus_client``'s own parser after a create through each gateway."""
+    for gateway in lay.gateways:
+        with _client(gateway.url, API_KEY) as op:
+            made = op.post("/sandboxes", json={"templateID": "base"})
+            assert made.status_code == 201, made.text
+            op.delete(f"/sandboxes/{made.json()['sandboxID']}")
+        assert httpx.get(f"{gateway.url}/metrics").status_code == 401
+        got = _families(gateway.url, {"Authorization": f"Bearer {API_KEY}"})
+        assert got["aenv_gateway_requests_total"][(("code", "2xx"), ("route", "create"))] >= 1
+        assert got["aenv_gateway_request_seconds_count"][(("route", "create"),)] >= 1
+    placed = 0.0
+    for scheduler in lay.schedulers:
+        got = _families(scheduler.url, {})
+        placed += got["aenv_scheduler_placements_total"].get((("outcome", "ok"),), 0)
+        assert got["aenv_cluster_nodes"][(("health", "ready"),)] == len(lay.nodes)
+        assert got["aenv_cluster_sandboxes"][(("kind", "limit"),)] > 0
+    assert placed >= len(lay.gateways)
+    for node in lay.nodes:
+        got = _families(node.url, {"X-API-KEY": API_KEY})
+        assert "aenv_operation_seconds_count" in got and "aenv_sandboxes" in got
+
+
+def _families(url: str, headers: dict[str, str]) -> dict[str, dict[tuple[Any, ...], float]]:
+    answer = httpx.get(f"{url}/metrics", headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    samples: dict[str, dict[tuple[Any, ...], float]] = {}
+    for family in text_string_to_metric_families(answer.text):
+        for s in family.samples:
+            samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return samples

@@ -11,6 +11,7 @@ from aenv.api import (
     logs,
     metrics,
     node_status,
+    prometheus,
     secrets,
     teams,
     templates,
@@ -47,6 +48,7 @@ def build_api(node: Node, api_key: str) -> FastAPI:
     api.include_router(teams.router)
     api.include_router(secrets.router)
     api.include_router(identity.router)
+    api.include_router(prometheus.router)
     # Outside the routes (it reads the matched route afterwards), inside the error handlers'
     # responses (it records the status they answered).
     api.add_middleware(audit.AuditMiddleware)

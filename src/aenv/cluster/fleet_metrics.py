@@ -1,9 +1,9 @@
 """The gateway's side of E2B's fleet metrics routes (docs/metrics.md): one answer merged from
 the nodes.
 
-* ``GET /sandboxes/metrics?sandbox_ids=``: the request, unchanged, to every node that holds
-  one of the ids (a node leaves out the ids it does not hold), or to one node if none is
-  bound (it answers 400 for a bad list, an empty map for unknown ids); the maps merged.
+* ``GET /sandboxes/metrics?sandbox_ids=``: the request, unchanged, to every reachable node
+  (each leaves out the ids it does not hold, and answers a bad list's 400; asking every
+  node finds a sandbox wherever it is, moved or never bound); the maps merged.
 * ``GET /teams/{id}/metrics``: the request to every reachable node; the series added point by
   point (the nodes sample at the same wall-clock instants and step alike for one interval).
 * ``GET /teams/{id}/metrics/max``: the series as above, then the first point with the highest
@@ -45,11 +45,6 @@ def fetcher(http: httpx.AsyncClient, request: Request) -> Fetch:
             return None
 
     return fetch
-
-
-def sandbox_ids(request: Request) -> list[str]:
-    raw = request.query_params.get("sandbox_ids", "")
-    return [part.strip() for part in raw.split(",") if part.strip()]
 
 
 async def sandboxes(fetch: Fetch, addresses: Sequence[str]) -> Response:

@@ -57,6 +57,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 
 import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.applications import Starlette
@@ -68,7 +69,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api.audit import actor_of
 from aenv.api.listing import encode_cursor
-from aenv.cluster import bindings, fleet_metrics, fork_spread, forward, reserve
+from aenv.cluster import bindings, fleet_metrics, fork_spread, forward, reserve, telemetry
 from aenv.cluster.audit_store import RedisAuditStore
 from aenv.cluster.cache import Binding, ClusterCache
 from aenv.cluster.keys import Keys
@@ -118,6 +119,7 @@ class Gateway:
     # -- entry ------------------------------------------------------------------------------
 
     async def handle(self, request: Request) -> Response:
+        began = time.monotonic()
         try:
             answer = await self._handle(request)
         except RedisError as exc:
@@ -127,6 +129,11 @@ class Gateway:
             answer = _own(503, exc.message, {"Retry-After": "1"})
         if getattr(answer, _OWN, False) and request.method in _AUDITED:
             self._audit(request, answer.status_code)
+        name = "sandbox_traffic" if isinstance(route(request.scope), Target) \
+            else telemetry.route_of(request.method, request.url.path)
+        telemetry.GATEWAY_REQUESTS.labels(route=name,
+                                          code=telemetry.code_class(answer.status_code)).inc()
+        telemetry.GATEWAY_SECONDS.labels(route=name).observe(time.monotonic() - began)
         return answer
 
     def _audit(self, request: Request, status: int) -> None:
@@ -150,6 +157,8 @@ class Gateway:
         path = request.url.path
         if path == "/health":
             return JSONResponse({"status": "ok"})
+        if path == "/metrics" and request.method == "GET":
+            return self._prometheus(request)
         if path.startswith("/volumecontent/"):
             # Authorised by the volume's token, which any node checks (api/volume_tokens.py).
             return await self._to_any(request)
@@ -174,6 +183,17 @@ class Gateway:
                 self.cache.forget(match.group(1))
             return answer
         return await self._to_any(request)
+
+    def _prometheus(self, request: Request) -> Response:
+        """The gateway's Prometheus metrics, for the cluster key (as ``X-API-KEY`` or a
+        bearer, as Prometheus sends it); open when the gateway checks no keys."""
+        if self.api_key is not None:
+            bearer = request.headers.get("authorization", "")
+            given = bearer[7:].strip() if bearer.lower().startswith("bearer ") \
+                else request.headers.get("x-api-key", "")
+            if not secrets.compare_digest(given.encode(), self.api_key.encode()):
+                return _own(401, "/metrics needs the cluster key")
+        return Response(generate_latest(telemetry.GATEWAY), media_type=CONTENT_TYPE_LATEST)
 
     async def _authorized(self, request: Request) -> bool:
         """Whether the credential is the cluster's or a team's; the team (for its quota)
@@ -353,14 +373,7 @@ class Gateway:
         if request.url.path != "/sandboxes/metrics":
             return await fleet_metrics.team(fetch, list(reachable.values()), request,
                                             maximum=request.url.path.endswith("/max"))
-        holding: set[str] = set()
-        for sandbox_id in fleet_metrics.sandbox_ids(request)[:100]:
-            bound, _ = await self.cache.binding(sandbox_id)
-            if bound is not None and bound[0] in reachable:
-                holding.add(reachable[bound[0]])
-        if not holding and reachable:
-            holding = {next(iter(reachable.values()))}  # it answers a bad list's 400
-        return await fleet_metrics.sandboxes(fetch, sorted(holding))
+        return await fleet_metrics.sandboxes(fetch, list(reachable.values()))
 
     async def _to_any(self, request: Request) -> Response:
         nodes, now = await self._nodes()

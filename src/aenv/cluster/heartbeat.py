@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from redis.asyncio import Redis
 
@@ -25,6 +23,7 @@ from aenv.cluster import registry
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import NodeInfo
 from aenv.core.errors import InvalidArgument
+from aenv.core.host_load import CpuMeter, memory
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.node_identity import node_id
@@ -38,37 +37,6 @@ RUNNING = (SandboxState.CREATING, SandboxState.RUNNING, SandboxState.RESUMING,
            SandboxState.SNAPSHOTTING, SandboxState.FORKING)
 #: Every state a sandbox this node holds can be in (the roster).
 HELD = (*RUNNING, SandboxState.PAUSING, SandboxState.PAUSED, SandboxState.KILLING)
-
-
-@dataclass
-class CpuMeter:
-    """Machine CPU busy % between two calls, from ``/proc/stat``."""
-
-    _last: tuple[int, int] | None = field(default=None)
-
-    def percent(self) -> float:
-        try:
-            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        except (OSError, ValueError):
-            return 0.0
-        idle, total = fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)
-        last, self._last = self._last, (idle, total)
-        if last is None or total <= last[1]:
-            return 0.0
-        return round(100.0 * (1 - (idle - last[0]) / (total - last[1])), 1)
-
-
-def memory() -> tuple[int, int]:
-    """(used, total) bytes of the machine: total minus available, total."""
-    info: dict[str, int] = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            name, _, rest = line.partition(":")
-            info[name] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return 0, 1
-    total = info.get("MemTotal", 1)
-    return total - info.get("MemAvailable", total), total
 
 
 def node_id_of(node: Node) -> str:

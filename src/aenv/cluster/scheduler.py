@@ -26,18 +26,21 @@ count against the key's quota until no node's roster holds them) and ``DELETE
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from aenv.cluster import placement, registry, reserve
+from aenv.cluster import placement, registry, reserve, telemetry
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import SUSPECT_AFTER_S, Health
 from aenv.edge import errors
@@ -120,8 +123,23 @@ def create_app(redis: Redis, keys: Keys | None = None, *, key_quota: int = 0) ->
         return [{**n.model_dump(), "health": n.health(now).value,
                  "heartbeatAgeMs": now - n.heartbeat_ms} for n in nodes]
 
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        nodes, now = await registry.nodes(redis, keys)
+        telemetry.set_nodes(nodes, now)
+        return Response(generate_latest(telemetry.SCHEDULER), media_type=CONTENT_TYPE_LATEST)
+
     @app.post("/v1/placements", status_code=201, response_model=None)
     async def place(body: PlacementRequest) -> dict[str, object] | JSONResponse:
+        began = time.monotonic()
+        answer = await _place(body)
+        outcome = "ok" if isinstance(answer, dict) else \
+            json.loads(bytes(answer.body)).get("error", "error")
+        telemetry.PLACEMENTS.labels(outcome=outcome).inc()
+        telemetry.PLACEMENT_SECONDS.observe(time.monotonic() - began)
+        return answer
+
+    async def _place(body: PlacementRequest) -> dict[str, object] | JSONResponse:
         nodes, now = await registry.nodes(redis, keys)
         if not any(n.health(now) in (Health.READY, Health.DRAINING) for n in nodes):
             return _refusal(503, NO_NODES, "no node of the cluster is reachable (no fresh "

@@ -44,6 +44,7 @@ from aenv.orchestrator.builder import Builder
 from aenv.orchestrator.catalog import TemplateCatalog
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deaths import DeathWatch
+from aenv.orchestrator.fleet_gauges import run_gauges_loop
 from aenv.orchestrator.gc import run_gc_loop
 from aenv.orchestrator.idle import run_idle_loop
 from aenv.orchestrator.liveness import run_liveness_loop
@@ -234,6 +235,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         "audit": node.audit.run_flush_loop,
         "sandbox-logs": node.logbook.run,
         "team-metrics": node.team_meter.run,
+        "gauges": partial(run_gauges_loop, node),
         "key-use": node.tenancy.run_flush_loop,
         "team-directory": node.tenancy.run_repair_loop,
     }

@@ -22,6 +22,7 @@ import sys
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from aenv.core import telemetry
 from aenv.core.errors import ResourceExhausted
 
 #: ``fits(starting)`` raises ``ResourceExhausted`` when the node cannot take one more sandbox,
@@ -93,6 +94,7 @@ class Admission:
             self._running += 1
             return
         if self.waiting >= self.max_waiting:
+            telemetry.REFUSALS.labels(reason="queue_full").inc()
             raise ResourceExhausted(
                 f"this node is starting {self._running} sandboxes and {self.waiting} more wait;"
                 f" retry in {self.retry_after_s} s",

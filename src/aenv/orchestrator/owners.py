@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from aenv.core import telemetry
 from aenv.core.errors import Conflict, DeadlineExceeded, NotFound
 
 log = logging.getLogger("aenv.orchestrator.owners")
@@ -163,6 +164,7 @@ class Owners:
                      deadline: float) -> T:
         sid = owner.sandbox_id
         failure: BaseException | None = None
+        began = time.monotonic()
         try:
             try:
                 async with asyncio.timeout(deadline):
@@ -176,6 +178,7 @@ class Owners:
                 self._errors[sid] = f"{name}: {_reason(exc)}"
             raise
         finally:
+            telemetry.observe_operation(name, failure, time.monotonic() - began)
             try:
                 if not owner.killed and self.settler is not None:
                     await self.settler(sid, name, failure)
@@ -217,6 +220,7 @@ class Owners:
             await owner.turn.acquire()
             owner.operation, owner.since = "kill", time.time()
             owner.task = asyncio.current_task()
+            began, failure = time.monotonic(), None
             try:
                 try:
                     async with asyncio.timeout(deadline):
@@ -224,7 +228,11 @@ class Owners:
                 except TimeoutError as exc:
                     raise DeadlineExceeded(f"kill of sandbox {sandbox_id} did not finish "
                                            f"within {deadline:.0f} s") from exc
+            except BaseException as exc:
+                failure = exc
+                raise
             finally:
+                telemetry.observe_operation("kill", failure, time.monotonic() - began)
                 owner.operation, owner.task = None, None
                 owner.turn.release()
                 # Killed or not (a failed teardown leaves a ``killing`` record that the TTL

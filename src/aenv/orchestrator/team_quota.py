@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
+from aenv.core import telemetry
 from aenv.core.errors import AenvError, InvalidArgument, QuotaExceeded
 from aenv.core.states import SandboxState
 from aenv.orchestrator.instance_codec import frozen
@@ -246,6 +247,7 @@ class QuotaGate:
         state.refilled_at = now
         if state.tokens < count:
             wait = math.ceil((count - state.tokens) / rate)
+            telemetry.REFUSALS.labels(reason="team_rate").inc()
             raise QuotaExceeded(f"the team's quota of {rate:g} sandbox starts per second "
                                 "is reached", retry_after_s=max(1, wait))
         state.tokens -= count
@@ -263,6 +265,7 @@ def check(quota: Quota, used: Usage, where: str = "") -> None:
                                (used.memory_mb, quota.max_memory_mb, "MB of memory"),
                                (used.disk_mb, quota.max_disk_mb, "MB of disk")):
         if limit is not None and value > limit:
+            telemetry.REFUSALS.labels(reason="team_quota").inc()
             raise QuotaExceeded(
                 f"the team's quota of {limit:g} {what}{where} is reached; stop or pause "
                 "some of its sandboxes", retry_after_s=5)

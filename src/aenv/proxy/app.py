@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from aenv.core import telemetry
 from aenv.core.errors import AenvError
 from aenv.core.ids import is_sandbox_id
 from aenv.core.states import SandboxState
@@ -53,6 +55,26 @@ class Proxy:
                 await errors.sandbox_not_found(sandbox_id)(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
+        """:meth:`_serve`, counted (``core/telemetry.py``): requests by status class, and the
+        time to the answer's first byte."""
+        began, status = time.monotonic(), 0
+
+        async def counted(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                telemetry.PROXY_SECONDS.observe(time.monotonic() - began)
+            await send(message)
+
+        try:
+            await self._serve(scope, receive, counted if scope["type"] == "http" else send,
+                              target)
+        finally:
+            if scope["type"] == "http":
+                telemetry.PROXY_REQUESTS.labels(
+                    code=f"{status // 100}xx" if status else "none").inc()
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, target: Target) -> None:
         record = None
         # Traffic, for the idle auto-pause: before the record is read, so that a pause taking
         # it meanwhile sees this request (orchestrator/idle.py); again when the stream ends.

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from aenv.core import telemetry
 from aenv.core.errors import FailedPrecondition, NotFound, ResourceExhausted
 from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
 from aenv.core.net import EgressPolicy, NetSlot
@@ -75,6 +76,17 @@ class CreateParams:
 
 
 async def create(node: Node, params: CreateParams) -> SandboxRecord:
+    started, failure = time.monotonic(), None
+    try:
+        return await _create_admitted(node, params)
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        telemetry.observe_operation("create", failure, time.monotonic() - started)
+
+
+async def _create_admitted(node: Node, params: CreateParams) -> SandboxRecord:
     template = await node.templates.resolve(params.template)
     # A bounded number start at once, the limit checked for each under the admission's lock.
     admitted = node.admission.start(lambda starting: check_capacity(node, starting=starting))
@@ -103,6 +115,7 @@ async def check_capacity(node: Node, wanted: int = 1, starting: int = 0) -> int:
         live += max(0, starting - await node.store.count([SandboxState.CREATING]))
     free = node.settings.max_sandboxes - live
     if free <= 0:
+        telemetry.REFUSALS.labels(reason="node_full").inc()
         raise ResourceExhausted(
             f"this node runs its maximum of {node.settings.max_sandboxes} sandboxes"
         )
