@@ -17,7 +17,7 @@ OWN = {
     ("GET", "/templates"), ("GET", "/volumes"), ("POST", "/volumes"), ("GET", "/audit"),
     ("GET", "/teams"), ("GET", "/api-keys"), ("POST", "/api-keys"),
     ("POST", "/access-tokens"), ("GET", "/secrets"), ("POST", "/secrets"),
-    ("GET", "/sandboxes/metrics"),
+    ("GET", "/sandboxes/metrics"), ("GET", "/events/webhooks"), ("POST", "/events/webhooks"),
 }
 PUBLIC = {("GET", "/health"), ("GET", "/.well-known/jwks.json"),
           ("GET", "/.well-known/openid-configuration")}
@@ -38,6 +38,9 @@ def make_objects(a: httpx.Client, sandbox_id: str, envd_token: str,
     secret = a.post("/secrets", json={"name": f"{tag}-openai", "value": f"sk-{tag}-v4lu3"})
     assert secret.status_code == 201, secret.text
     assert "v4lu3" not in secret.text
+    hook = a.post("/events/webhooks", json={"name": f"{tag}-hook", "url": "http://127.0.0.1:9/",
+                                             "signatureSecret": f"whsec-{tag}-h00k"})
+    assert hook.status_code == 201, hook.text
     key = a.post("/api-keys", json={"name": f"{tag}-ci"})
     token = a.post("/access-tokens", json={"name": f"{tag}-cli"})
     assert key.status_code == token.status_code == 201, (key.text, token.text)
@@ -48,9 +51,10 @@ def make_objects(a: httpx.Client, sandbox_id: str, envd_token: str,
         "build_id": template.json()["buildID"], "volume_id": volume.json()["volumeID"],
         "team_id": next(t["teamID"] for t in teams if t["isDefault"]),
         "api_key_id": key.json()["id"], "access_token_id": token.json()["id"],
-        "secret_id": secret.json()["secretID"],
+        "secret_id": secret.json()["secretID"], "webhook_id": hook.json()["id"],
     }
-    return ids, {key.json()["key"], token.json()["token"], envd_token, f"sk-{tag}-v4lu3"}
+    return ids, {key.json()["key"], token.json()["token"], envd_token, f"sk-{tag}-v4lu3",
+                 f"whsec-{tag}-h00k"}
 
 
 def _body_for(method: str, path: str, ids: dict[str, str]) -> dict[str, Any] | None:
@@ -67,6 +71,8 @@ def _body_for(method: str, path: str, ids: dict[str, str]) -> dict[str, Any] | N
         ("POST", "/secrets"): {"name": "b-secret", "value": "b-value"},
         ("POST", "/secrets/{secret_id}"): {"value": "overwritten"},
         ("POST", "/teams"): {"name": "b-made"},
+        ("POST", "/events/webhooks"): {"name": "b-hook", "url": "http://127.0.0.1:9/b"},
+        ("PATCH", "/events/webhooks/{webhook_id}"): {"url": "http://127.0.0.1:9/stolen"},
         # B's own create, from an image: a malformed reference (no registry is reached).
         ("POST", "/sandboxes-cold"): {"image": "Not A Reference"},
         ("POST", "/sandboxes/{sandbox_id}/timeout"): {"timeout": 100},
@@ -87,7 +93,7 @@ def _fill(path: str, ids: dict[str, str]) -> str:
         "alias": ids["template_name"], "build_id": ids["build_id"],
         "volume_id": ids["volume_id"], "team_id": ids["team_id"],
         "api_key_id": ids["api_key_id"], "access_token_id": ids["access_token_id"],
-        "secret_id": ids["secret_id"],
+        "secret_id": ids["secret_id"], "webhook_id": ids["webhook_id"],
         "files_hash": "a" * 64, "digest": "sha256:" + "b" * 64,
     }
     filled = re.sub(r"\{(\w+)(:path)?\}", lambda m: values[m.group(1)], path)

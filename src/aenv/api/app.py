@@ -16,6 +16,7 @@ from aenv.api import (
     teams,
     templates,
     volumes,
+    webhooks,
 )
 from aenv.api.routes import public, router
 from aenv.core.states import SandboxState
@@ -49,6 +50,7 @@ def build_api(node: Node, api_key: str) -> FastAPI:
     api.include_router(secrets.router)
     api.include_router(identity.router)
     api.include_router(prometheus.router)
+    api.include_router(webhooks.router)
     # Outside the routes (it reads the matched route afterwards), inside the error handlers'
     # responses (it records the status they answered).
     api.add_middleware(audit.AuditMiddleware)

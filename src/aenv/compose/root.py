@@ -21,6 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from aenv.cluster.peer_fetch import PeerBlobs
 from aenv.compose import parts
@@ -67,6 +68,7 @@ from aenv.orchestrator.tenancy import Tenancy
 from aenv.orchestrator.ttl import run_ttl_loop
 from aenv.orchestrator.volumes import Volumes
 from aenv.orchestrator.warm import WarmPool
+from aenv.orchestrator.webhooks import Webhooks
 from aenv.orchestrator.workload_identity import Issuer, TokenSpec
 from aenv.runtime import reaper
 from aenv.runtime.registry import build_runtime
@@ -79,6 +81,7 @@ from aenv.store.sqlite import Store
 from aenv.store.team_samples import TeamSampleStore
 from aenv.store.templates import TemplateStore
 from aenv.store.tenancy import TenancyStore
+from aenv.store.webhooks import WebhookStore
 from aenv.templates import code_interpreter
 
 log = logging.getLogger("aenv.compose")
@@ -143,6 +146,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         log.info("removed %d leftovers of interrupted unpacks, build steps and pulls",
                  leftovers)
     tenancy = Tenancy(team_directory(settings, store), TenancyStore(store.db))
+    vault = Vault(secret_store(settings, store, stack), parts.api_key_for(settings))
     node = Node(
         settings=settings, store=store, runtime=runtime, pool=pool, rootfs=rootfs,
         templates=catalog, guests=guests, envd_bundle=bundle, repository=repository,
@@ -158,7 +162,11 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
                         node_id(settings)),
         audit=AuditTrail(audit_store(settings, store, stack), settings.audit_max_entries),
         tenancy=tenancy,
-        secrets=Vault(secret_store(settings, store, stack), parts.api_key_for(settings)),
+        secrets=vault,
+        webhooks=Webhooks(WebhookStore(store.db), vault, lambda: tenancy.default_team_id,
+                          allow_private=settings.webhook_allow_private,
+                          retry_max_s=settings.webhook_retry_max_s,
+                          give_up_s=settings.webhook_give_up_s),
         identity=Issuer(parts.api_key_for(settings), _issuer_url(settings),
                         settings.identity_trust_domain),
         team_meter=TeamMeter(store, TeamSampleStore(store.db),
@@ -176,9 +184,15 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         quotas=QuotaGate(shared=team_usage(settings, stack)),
     )
     node.owners.settler = partial(settle, node)
-    store.on_event = node.logbook.on_event
+    store.on_event = partial(_lifecycle_event, node)
     node.builder.attach(node)
     return _Assembled(node, pool, catalog)
+
+
+def _lifecycle_event(node: Node, *event: Any) -> None:
+    """Every lifecycle event of the store, to the sandbox's log and its team's webhooks."""
+    node.logbook.on_event(*event)
+    node.webhooks.on_event(*event)
 
 
 async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> None:
@@ -235,6 +249,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         "audit": node.audit.run_flush_loop,
         "sandbox-logs": node.logbook.run,
         "team-metrics": node.team_meter.run,
+        "webhooks": node.webhooks.run,
         "gauges": partial(run_gauges_loop, node),
         "key-use": node.tenancy.run_flush_loop,
         "team-directory": node.tenancy.run_repair_loop,

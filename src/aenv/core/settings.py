@@ -175,6 +175,18 @@ class Settings(BaseSettings):
     """Each team's samples (sandboxes up, starts per second: ``GET /teams/{id}/metrics``,
     docs/metrics.md) are kept this long."""
 
+    webhook_allow_private: bool = False
+    """Whether lifecycle webhooks (docs/webhooks.md) may be delivered to loopback, private and
+    link-local addresses. Off: a team cannot use the node to reach the node's own network."""
+
+    webhook_retry_max_s: float = Field(default=300.0, ge=1)
+    """A failed webhook delivery is tried again after 1, 2, 4 … seconds, at most this long
+    apart."""
+
+    webhook_give_up_s: float = Field(default=86_400.0, ge=60)
+    """A webhook delivery still failing this long after its event is given up (failed in
+    its delivery log)."""
+
     sandbox_log_keep_s: float = Field(default=86_400.0, ge=60)
     """A gone sandbox's logs are kept this long after their last entry, for its team to
     read; then dropped."""

@@ -29,6 +29,7 @@ from aenv.orchestrator.team_metrics import TeamMeter
 from aenv.orchestrator.team_quota import QuotaGate
 from aenv.orchestrator.tenancy import Tenancy
 from aenv.orchestrator.volumes import Volumes
+from aenv.orchestrator.webhooks import Webhooks
 from aenv.orchestrator.workload_identity import Issuer
 from aenv.runtime.base import Runtime
 from aenv.storage.images import ImageStore
@@ -144,6 +145,8 @@ class Node:
     logbook: LogBook
     #: Each team's sandboxes up and starts over time (``team_metrics.py``).
     team_meter: TeamMeter
+    #: The teams' lifecycle webhooks and their outbox (``webhooks.py``).
+    webhooks: Webhooks
     #: Owns every background loop (``supervisor.py``).
     supervisor: Supervisor = field(default_factory=Supervisor)
     streams: StreamRegistry = field(default_factory=StreamRegistry)

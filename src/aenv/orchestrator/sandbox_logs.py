@@ -60,6 +60,9 @@ def render(kind: str, detail: Any) -> tuple[str, str, dict[str, str]] | None:
         return "error", f"sandbox died: {reason}", {**fields, "reason": reason}
     if kind == "deleted":
         return "info", "sandbox killed", fields
+    if kind == "updated":
+        what = str(detail.get("what", "configuration"))
+        return "info", f"sandbox {what} updated", {**fields, "what": what}
     if not kind.startswith("state:"):
         return None
     state = kind.removeprefix("state:")
@@ -121,7 +124,8 @@ class LogBook:
         self._consoles: dict[str, _Console] = {}
         self._lock = asyncio.Lock()
 
-    def on_event(self, sandbox_id: str, team_id: str | None, kind: str, detail: Any) -> None:
+    def on_event(self, sandbox_id: str, team_id: str | None, kind: str, detail: Any,
+                 record: object = None) -> None:
         rendered = render(kind, detail)
         if rendered is not None:
             level, message, fields = rendered

@@ -94,6 +94,19 @@ class Vault:
         nonce = os.urandom(12)
         return nonce + self._aead.encrypt(nonce, value, f"{secret_id}:{version}".encode())
 
+    def seal_for(self, value: str, binding: str) -> bytes:
+        """``value`` sealed under the vault's key, bound to ``binding`` (another kind of
+        secret: a webhook's signing secret, ``webhook:<id>``)."""
+        nonce = os.urandom(12)
+        return nonce + self._aead.encrypt(nonce, value.encode(), binding.encode())
+
+    def open_for(self, sealed: bytes, binding: str) -> str | None:
+        """What :meth:`seal_for` sealed; None if another operator key sealed it."""
+        try:
+            return self._aead.decrypt(sealed[:12], sealed[12:], binding.encode()).decode()
+        except InvalidTag:
+            return None
+
     def _open(self, row: SecretRow) -> str:
         try:
             raw = self._aead.decrypt(row.sealed[:12], row.sealed[12:],

@@ -193,4 +193,34 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (team_id, at)
     );
     """,
+    # 12: lifecycle webhooks (E2B's /events/webhooks; orchestrator/webhooks.py) and their
+    # deliveries (the outbox: each kept until delivered or given up, a while after)
+    """
+    CREATE TABLE webhooks (
+        webhook_id TEXT PRIMARY KEY,
+        team_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        url TEXT NOT NULL,
+        enabled INTEGER NOT NULL,
+        events TEXT NOT NULL,
+        sealed_secret BLOB,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE webhook_deliveries (
+        delivery_id TEXT PRIMARY KEY,
+        webhook_id TEXT NOT NULL,
+        event_id TEXT NOT NULL,
+        event_type TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        status TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_at REAL NOT NULL,
+        last_status INTEGER,
+        last_error TEXT,
+        created_at REAL NOT NULL,
+        done_at REAL
+    );
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries (status, next_at);
+    CREATE INDEX webhook_deliveries_by_hook ON webhook_deliveries (webhook_id, created_at);
+    """,
 ]

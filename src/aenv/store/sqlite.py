@@ -35,9 +35,10 @@ class Store:
         #: sandbox was settled from the stale copy).
         self._writes = 0
         #: Told of every lifecycle event as it is recorded (``orchestrator/sandbox_logs.py``):
-        #: (sandbox id, its team or None, kind, detail). Called in line: it must not block or
-        #: raise.
-        self.on_event: Callable[[str, str | None, str, Any], None] | None = None
+        #: (sandbox id, its team or None, kind, detail, the record as written or deleted, if
+        #: known). Called in line: it must not block or raise.
+        self.on_event: Callable[[str, str | None, str, Any, SandboxRecord | None], None] \
+            | None = None
 
     @classmethod
     async def open(cls, path: Path, *, synchronous: str = "NORMAL") -> Store:
@@ -195,7 +196,7 @@ class Store:
                                   **({"reason": new.last_error}
                                      if new.state == SandboxState.KILLING and new.last_error
                                      else {})},
-                                 team_id=new.team_id)
+                                 team_id=new.team_id, record=new)
         return new
 
     async def set_end_at(self, sandbox_id: str, end_at: float) -> SandboxRecord:
@@ -229,18 +230,20 @@ class Store:
         self._cache.pop(record.sandbox_id, None)
         if cur.rowcount != 1:
             raise Conflict(f"sandbox {record.sandbox_id} changed concurrently; retry")
-        await self.add_event(record.sandbox_id, "deleted", None, team_id=record.team_id)
+        await self.add_event(record.sandbox_id, "deleted", None, team_id=record.team_id,
+                             record=record)
 
     # -- events ------------------------------------------------------------------------------
 
     async def add_event(self, sandbox_id: str, kind: str, detail: Any, *,
-                        team_id: str | None = None) -> None:
+                        team_id: str | None = None,
+                        record: SandboxRecord | None = None) -> None:
         await self._db.execute(
             "INSERT INTO events (sandbox_id, at, kind, detail) VALUES (?, ?, ?, ?)",
             (sandbox_id, time.time(), kind, None if detail is None else json.dumps(detail)),
         )
         if self.on_event is not None:
-            self.on_event(sandbox_id, team_id, kind, detail)
+            self.on_event(sandbox_id, team_id, kind, detail, record)
 
     async def events(self, sandbox_id: str) -> builtins.list[dict[str, Any]]:
         async with self._db.execute(

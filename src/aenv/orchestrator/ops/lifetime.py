@@ -26,4 +26,8 @@ async def set_timeout(
         end = max(end, record.end_at)
     # Not a turn of the sandbox's: the end time is no part of any operation's work, so it is
     # written beside whatever holds the sandbox (a pause, a resume) without conflicting.
-    return await node.store.set_end_at(sandbox_id, end)
+    record = await node.store.set_end_at(sandbox_id, end)
+    if allow_shorter:  # the user's own timeout (a connect's extension is no new setting)
+        await node.store.add_event(sandbox_id, "updated", {"what": "timeout"},
+                                   team_id=record.team_id, record=record)
+    return record

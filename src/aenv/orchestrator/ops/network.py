@@ -38,7 +38,11 @@ async def update_network(
             async with EnvdClient(node.guests.transport(slot), slot) as envd:
                 await envd.trust(record.envd_token, trusted)
         await node.pool.set_egress(slot, policy)
-        await node.store.update(record, allow_internet_access=allow_internet_access,
-                                network=traffic.keep_inbound(record.network, network))
+        record = await node.store.update(
+            record, allow_internet_access=allow_internet_access,
+            network=traffic.keep_inbound(record.network, network))
+        # Its configuration changed: an event for its logs and webhooks.
+        await node.store.add_event(sandbox_id, "updated", {"what": "network"},
+                                   team_id=record.team_id, record=record)
 
     await node.owners.run(sandbox_id, "network", owned)
