@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
@@ -23,7 +22,7 @@ import uvicorn
 from aenv.api.app import NodeApp, build_api
 from aenv.compose.parts import api_key_for, console
 from aenv.compose.root import running_node
-from aenv.core import faults
+from aenv.core import faults, log_setup
 from aenv.core.errors import FailedPrecondition
 from aenv.core.locks import HeldLock, lock_home, lock_slot_range
 from aenv.core.settings import Settings
@@ -102,16 +101,27 @@ async def serve(settings: Settings) -> None:
                 ssl_certfile=str(settings.tls_cert_file),
                 ssl_keyfile=str(settings.tls_key_file))))
         server = _Server(_config(app, settings, settings.host, settings.port), followers)
-        console.print(f"[bold green]aenv[/] serving on http://{settings.listen}  "
-                      f"(E2B_API_URL=E2B_SANDBOX_URL=http://{settings.listen})")
-        if settings.tls_listen:
-            console.print(f"and on https://{settings.tls_listen}")
-        if not settings.api_key:
-            console.print(f"API key: [bold]{key}[/] (stored in {settings.home / 'api_key'})")
+        _banner(settings, key)
         try:
             await asyncio.gather(server.serve(), *(f.serve() for f in followers))
         finally:
             await proxy.aclose()
+
+
+def _banner(settings: Settings, key: str) -> None:
+    """Where the node serves: for a person (text), or one log line (json: never the key)."""
+    if settings.log_format == "json":
+        logging.getLogger("aenv").info(
+            "aenv serving on http://%s%s; the API key is in %s", settings.listen,
+            f" and https://{settings.tls_listen}" if settings.tls_listen else "",
+            "AENV_API_KEY" if settings.api_key else settings.home / "api_key")
+        return
+    console.print(f"[bold green]aenv[/] serving on http://{settings.listen}  "
+                  f"(E2B_API_URL=E2B_SANDBOX_URL=http://{settings.listen})")
+    if settings.tls_listen:
+        console.print(f"and on https://{settings.tls_listen}")
+    if not settings.api_key:
+        console.print(f"API key: [bold]{key}[/] (stored in {settings.home / 'api_key'})")
 
 
 def _config(app: NodeApp, settings: Settings, host: str, port: int, *,
@@ -121,6 +131,7 @@ def _config(app: NodeApp, settings: Settings, host: str, port: int, *,
         # httptools, guarded: head size, header-read timeout, slow connections per client.
         http=protocol_class(ConnectionLimits.of(settings)),
         ws="websockets-sansio", lifespan="off", access_log=False, log_level=settings.log_level,
+        log_config=None,  # uvicorn's own lines go through ours (log_format)
         timeout_keep_alive=settings.idle_timeout_s, server_header=False,
         ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
     )
@@ -128,10 +139,9 @@ def _config(app: NodeApp, settings: Settings, host: str, port: int, *,
 
 def main(settings: Settings | None = None) -> None:
     settings = settings or Settings()
-    logging.basicConfig(
-        level=settings.log_level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    log_setup.configure(settings.log_level, settings.log_format)
+    # JSON logs are for a pipeline: no progress bars or banners between the objects.
+    console.quiet = settings.log_format == "json"
     # One line per proxied request is noise at info level.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     faults.arm(settings.crash_at)

@@ -250,3 +250,19 @@ def _families(url: str, headers: dict[str, str]) -> dict[str, dict[tuple[Any, ..
         for s in family.samples:
             samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
     return samples
+
+
+def test_a_gateways_request_id_reaches_the_node(lay: Layout) -> None:
+    """A create through a gateway without an ``X-Request-Id``: the gateway makes one, answers
+    it, and sends it to the node, whose log line of the create ends in it."""
+    with _client(lay.gateways[0].url, API_KEY) as op:
+        made = op.post("/sandboxes", json={"templateID": "base"})
+    assert made.status_code == 201, made.text
+    rid, sid = made.headers["x-request-id"], made.json()["sandboxID"]
+    deadline = time.monotonic() + 10
+    while not any(sid in line and line.endswith(f"[request {rid}]")
+                  for node in lay.nodes for line in node.log().splitlines()):
+        assert time.monotonic() < deadline, rid
+        time.sleep(0.2)
+    with _client(lay.gateways[0].url, API_KEY) as op:
+        op.delete(f"/sandboxes/{sid}")

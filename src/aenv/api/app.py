@@ -22,6 +22,7 @@ from aenv.api.routes import public, router
 from aenv.core.states import SandboxState
 from aenv.edge import errors
 from aenv.edge.limits import BodyLimits, guard
+from aenv.edge.request_ids import RequestIds
 from aenv.orchestrator.context import Node
 from aenv.proxy.app import Proxy
 from aenv.proxy.errors import bad_target
@@ -54,6 +55,8 @@ def build_api(node: Node, api_key: str) -> FastAPI:
     # Outside the routes (it reads the matched route afterwards), inside the error handlers'
     # responses (it records the status they answered).
     api.add_middleware(audit.AuditMiddleware)
+    # Outermost: the audit, the routes and every task they start log under the request's id.
+    api.add_middleware(RequestIds)
     return api
 
 

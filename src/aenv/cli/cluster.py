@@ -7,7 +7,7 @@ may run. The gateway also needs a scheduler's URL and the cluster's API key (the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import typer
 
@@ -50,14 +50,18 @@ def redis_url(cluster: str | None) -> str:
     return _settings(RoleSettings, cluster=cluster)[1]
 
 
-def _serve(app: object, listen: str, **options: object) -> None:
+def _serve(app: object, listen: str, log_format: Literal["text", "json"],
+           **options: object) -> None:
     import uvicorn
 
+    from aenv.core.log_setup import configure
+
+    configure("info", log_format)
     host, _, port = listen.rpartition(":")
     if not port.isdigit():
         fail(f"--listen {listen!r}: expected HOST:PORT")
     uvicorn.run(app, host=host or "127.0.0.1", port=int(port), log_level="info",  # type: ignore[arg-type]
-                access_log=False, **options)  # type: ignore[arg-type]
+                access_log=False, log_config=None, **options)  # type: ignore[arg-type]
 
 
 def register(app: typer.Typer) -> None:
@@ -82,7 +86,8 @@ def scheduler(
     from aenv.cluster.settings import SchedulerSettings
 
     settings, url = _settings(SchedulerSettings, cluster=cluster, key_quota=key_quota)
-    _serve(create_app(connect(url), key_quota=settings.key_quota), listen)
+    _serve(create_app(connect(url), key_quota=settings.key_quota), listen,
+           settings.log_format)
 
 
 def gateway(
@@ -107,6 +112,6 @@ def gateway(
     tls = ({"ssl_certfile": str(settings.tls_cert_file),
             "ssl_keyfile": str(settings.tls_key_file)} if settings.tls_cert_file else {})
     _serve(create_app(connect(url), settings.scheduler, settings.api_key,
-                      limits=settings.body_limits()), listen,
+                      limits=settings.body_limits()), listen, settings.log_format,
            http=protocol_class(settings.connection_limits()),
            timeout_keep_alive=settings.idle_timeout_s, **tls)

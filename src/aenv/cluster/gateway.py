@@ -81,6 +81,7 @@ from aenv.core.errors import Unavailable
 from aenv.core.settings import Settings
 from aenv.edge.errors import QUOTA_HEADER, error_body
 from aenv.edge.limits import BodyLimits, guard, is_upload
+from aenv.edge.request_ids import RequestIds
 from aenv.orchestrator.audit import AuditTrail
 from aenv.orchestrator.tenancy import digest_of, presented
 from aenv.proxy import errors as proxy_errors
@@ -551,7 +552,7 @@ def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
 
     app = Starlette(routes=[Route("/{path:path}", gateway.handle, methods=methods)],
                     lifespan=lifespan, exception_handlers={HTTPException: http_error})
-    return _Limited(app, limits or BodyLimits())
+    return RequestIds(_Limited(app, limits or BodyLimits()))
 
 
 def _fork_count(body: bytes) -> int:

@@ -20,7 +20,7 @@ import copy
 import sys
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
@@ -55,6 +55,9 @@ class RoleSettings(BaseSettings):
     cluster: str | None = Field(default=None, pattern=_REDIS_URL)
     """The cluster's Redis URL (``redis://[:password@]host:6379/0``, or
     ``redis+sentinel://s1:26379,s2:26379/<master>/0``); ``--cluster`` wins. Required."""
+
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one JSON object per log line, with the request's id (as the node's)."""
 
     @classmethod
     def settings_customise_sources(

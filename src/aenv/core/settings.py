@@ -476,6 +476,10 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Server log level."""
 
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one JSON object per log line (time, level, logger, message, the request's id
+    from ``X-Request-Id`` or made, an exception if any), for a log pipeline."""
+
     @classmethod
     def settings_customise_sources(
         cls,
