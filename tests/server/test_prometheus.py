@@ -74,6 +74,9 @@ def test_a_scrape_after_each_operation(node: NodeServer) -> None:
     assert (("state", "running"),) in got["aenv_sandboxes"]
     assert (("pool", "network_slots"),) in got["aenv_pool_ready"]
     assert got["process_resident_memory_bytes"][()] > 0
+    assert sum(got["aenv_repository_blob_reads_total"].values()) >= 1  # the template's image
+    assert (("cache", "blob_cache"),) in got["aenv_cache_bytes"]  # walked every 30 s
+    assert got["aenv_sandbox_log_entries_total"][(("source", "lifecycle"),)] >= 5
 
 
 def test_only_the_operator_reads_it(node: NodeServer) -> None:

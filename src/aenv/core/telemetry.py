@@ -64,6 +64,18 @@ HOST = Gauge(
 OVERCOMMIT = Gauge(
     "aenv_memory_overcommit_ratio",
     "Memory the sandboxes up were given over the memory the machine uses", registry=NODE)
+BLOB_READS = Counter(
+    "aenv_repository_blob_reads_total",
+    "Repository blobs a node needed (memory images, layers, disks), by where they came from: "
+    "cache (this node's blob cache: a hit), peer (another node), repository (a miss)",
+    ["source"], registry=NODE)
+BLOB_BYTES = Counter(
+    "aenv_repository_blob_bytes_total", "Bytes of those blobs, by where they came from",
+    ["source"], registry=NODE)
+CACHE_BYTES = Gauge(
+    "aenv_cache_bytes",
+    "Bytes held on the node: the repository's blob cache (blob_cache), the layer store "
+    "(layers)", ["cache"], registry=NODE)
 LOG_ENTRIES = Counter(
     "aenv_sandbox_log_entries_total", "Sandbox log entries written, by source",
     ["source"], registry=NODE)

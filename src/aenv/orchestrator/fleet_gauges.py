@@ -1,6 +1,7 @@
 """The node's Prometheus gauges (``core/telemetry.py``), set from its state every
 ``INTERVAL_S``: sandboxes by state, what the pools hold ready, what the sandboxes up were
-given against what the machine has and uses (memory overcommit). One owner runs it (the
+given against what the machine has and uses (memory overcommit), and every 30 s the bytes
+its blob cache and layer store hold. One owner runs it (the
 supervisor); a failed pass is logged and the next one sets them again."""
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from aenv.orchestrator.team_quota import Usage
 log = logging.getLogger("aenv.orchestrator.fleet_gauges")
 
 INTERVAL_S = 5.0
+#: The caches are walked every this many passes (30 s).
+CACHE_EVERY = 6
 
 
 async def measure(node: Node, cpu: CpuMeter) -> None:
@@ -43,10 +46,22 @@ async def measure(node: Node, cpu: CpuMeter) -> None:
     telemetry.OVERCOMMIT.set(round((given.memory_mb << 20) / used, 3) if used else 0.0)
 
 
+async def measure_caches(node: Node) -> None:
+    """What the caches hold on disk: a walk of each, so every ``CACHE_EVERY`` passes."""
+    blob = await asyncio.to_thread(node.repository.cache.usage)
+    layers = await asyncio.to_thread(node.images.cache.usage)
+    telemetry.CACHE_BYTES.labels(cache="blob_cache").set(blob)
+    telemetry.CACHE_BYTES.labels(cache="layers").set(layers)
+
+
 async def run_gauges_loop(node: Node) -> None:
     cpu = CpuMeter()
+    passes = 0
     while True:
         try:
+            if passes % CACHE_EVERY == 0:
+                await measure_caches(node)
+            passes += 1
             await measure(node, cpu)
         except asyncio.CancelledError:
             raise

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aenv.core import telemetry
 from aenv.core.states import SandboxState
 from aenv.store.sandbox_logs import LogRow, SandboxLogStore
 from aenv.store.sqlite import Store
@@ -143,6 +144,8 @@ class LogBook:
                 self._pending[:0] = batch  # written by the next flush
                 raise
             for row in batch:
+                telemetry.LOG_ENTRIES.labels(
+                    source=row.fields.get("source", "lifecycle")).inc()
                 added = self._added.get(row.sandbox_id, 0) + 1
                 if added >= _TRIM_EVERY:
                     await self.rows.keep_newest(row.sandbox_id, self.max_entries)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from aenv.core import telemetry
 from aenv.core.errors import DataLoss, InvalidArgument, NotFound
 from aenv.storage.files import fsync_dirs, listdir, rmtree
 from aenv.storage.objects import ObjectStore
@@ -166,6 +167,8 @@ class BlobCache:
         final = self.path(ref.digest)
         if final.is_file():
             self._touch(final)
+            telemetry.BLOB_READS.labels(source="cache").inc()
+            telemetry.BLOB_BYTES.labels(source="cache").inc(ref.size)
             return final
         running = self._fetching.get(ref.digest)
         if running is not None:
@@ -211,6 +214,9 @@ class BlobCache:
             raise
         log.info("fetched blob %s (%d bytes) from %s", ref.digest, ref.size,
                  "a peer" if from_peer else store.describe())
+        source = "peer" if from_peer else "repository"
+        telemetry.BLOB_READS.labels(source=source).inc()
+        telemetry.BLOB_BYTES.labels(source=source).inc(ref.size)
         return final
 
     # -- bounding -----------------------------------------------------------------------------
