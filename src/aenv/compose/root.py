@@ -184,7 +184,8 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         quotas=QuotaGate(shared=team_usage(settings, stack)),
     )
     node.owners.settler = partial(settle, node)
-    store.on_event = partial(_lifecycle_event, node)
+    if settings.observe:
+        store.on_event = partial(_lifecycle_event, node)
     node.builder.attach(node)
     return _Assembled(node, pool, catalog)
 
@@ -247,13 +248,13 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         "liveness": partial(run_liveness_loop, node), "reaper": reaper.sweep,
         "volume-release": node.volumes.run_release_loop,
         "audit": node.audit.run_flush_loop,
-        "sandbox-logs": node.logbook.run,
-        "team-metrics": node.team_meter.run,
-        "webhooks": node.webhooks.run,
-        "gauges": partial(run_gauges_loop, node),
         "key-use": node.tenancy.run_flush_loop,
         "team-directory": node.tenancy.run_repair_loop,
     }
+    if settings.observe:
+        loops.update({"sandbox-logs": node.logbook.run, "team-metrics": node.team_meter.run,
+                      "webhooks": node.webhooks.run,
+                      "gauges": partial(run_gauges_loop, node)})
     if settings.gc_interval_s:
         loops["gc"] = partial(run_gc_loop, node)
     if node.workspaces is not None:

@@ -167,6 +167,11 @@ class Settings(BaseSettings):
     """The audit log (``GET /audit``, ``aenv audit``, docs/audit.md) keeps this many entries,
     the newest; older ones are dropped as new ones are written."""
 
+    observe: bool = True
+    """Sandbox logs, lifecycle webhooks, team metrics and the node's gauges (docs/metrics.md).
+    Off: none of them is recorded (the logs and metrics routes answer empty), for measuring
+    what they cost (``bench.observe_bench``); Prometheus counters and histograms stay."""
+
     sandbox_log_max_entries: int = Field(default=10_000, ge=100)
     """Each sandbox's logs (E2B's logs API, ``aenv logs``, docs/logs.md) keep about this many
     entries, the newest: lifecycle events and console lines."""

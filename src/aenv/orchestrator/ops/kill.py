@@ -107,7 +107,8 @@ async def _finish(node: Node, sandbox_id: str) -> None:
             return
     # Its console's last lines, before the teardown removes the file.
     try:
-        await node.logbook.collect(sandbox_id, record.team_id)
+        if node.settings.observe:
+            await node.logbook.collect(sandbox_id, record.team_id)
     except Exception:
         log.warning("could not read the last console lines of %s", sandbox_id, exc_info=True)
     await teardown(node, record)
