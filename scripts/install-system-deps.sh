@@ -28,6 +28,8 @@ have umoci || need+=(umoci)              # builds test images (tests)
 have docker-registry || need+=(docker-registry)  # a local registry (tests)
 have wrk || need+=(wrk)                  # the proxy benchmark (bench/proxy_bench.py)
 have redis-server || need+=(redis-server)  # cluster mode's state (tests start their own)
+have chromium || need+=(chromium)        # the dashboard's browser test (tests/server/test_dashboard.py)
+have chromedriver || need+=(chromium-driver)  # WebDriver for that headless Chromium (selenium)
 { have danted && have microsocks; } || need+=(dante-server microsocks)  # SOCKS5 servers (tests)
 updated=0
 update() { if [ "$updated" = 0 ]; then apt-get update -qq; updated=1; fi; }

@@ -6,6 +6,7 @@ event says."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,26 @@ def test_what_each_event_says() -> None:
     assert console_level("Traceback (most recent call last):") == "error"
     assert console_level("WARNING: x") == "warn"
     assert console_level("hello") == "info"
+
+
+async def test_batches_of_several_stores_on_one_connection_take_turns(tmp_path: Path) -> None:
+    """The node's stores share one connection: their batches at once must not meet inside
+    one transaction ("cannot start a transaction within a transaction")."""
+    from aenv.store.audit import AuditStore
+    from aenv.store.models import AuditEntry
+    from aenv.store.team_samples import TeamSample, TeamSampleStore
+
+    store, book = await _book(tmp_path, tmp_path / "none")
+    audit, samples = AuditStore(store.db), TeamSampleStore(store.db)
+    batches = []
+    for i in range(20):
+        batches += [
+            book.rows.append([LogRow(f"s{i}", float(j), "info", f"m{j}") for j in range(20)]),
+            audit.append([AuditEntry(at=float(i), actor="a", action="POST /x", object_id=None,
+                                     client=None, status=200)]),
+            samples.append([TeamSample("t", i * 5, 1, 1)]),
+        ]
+    await asyncio.gather(*batches)
+    assert len(await book.rows.page("s19", since=None, limit=100)) == 20
+    assert len(await audit.query(limit=100)) == 20
+    await store.close()

@@ -7,6 +7,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api import (
     audit,
+    dashboard,
     identity,
     logs,
     metrics,
@@ -36,6 +37,7 @@ def build_api(node: Node, api_key: str) -> FastAPI:
     api.state.api_key = api_key
     errors.install(api)
     api.include_router(public)
+    api.include_router(dashboard.router)
     api.include_router(templates.uploads)
     # Before the sandbox routes: ``DELETE /templates/tags`` must not read as a template id.
     api.include_router(templates.router)

@@ -163,6 +163,9 @@ class Gateway:
         if path.startswith("/volumecontent/"):
             # Authorised by the volume's token, which any node checks (api/volume_tokens.py).
             return await self._to_any(request)
+        if path.startswith("/dashboard"):
+            # The dashboard's static page (api/dashboard.py): no key; its API calls carry one.
+            return await self._to_any(request)
         if not await self._authorized(request):
             return _own(401, "missing or invalid X-API-KEY")
         if path in _LIST_PATHS and request.method == "POST":

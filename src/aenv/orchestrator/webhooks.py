@@ -245,13 +245,19 @@ class Webhooks:
             await self._http.aclose()
 
     async def deliver_due(self) -> None:
+        """The due deliveries: a webhook's one after another, oldest event first (so a
+        receiver that answers sees them in order), ``CONCURRENCY`` webhooks at a time."""
         gate = asyncio.Semaphore(CONCURRENCY)
+        by_hook: dict[str, list[DeliveryRow]] = {}
+        for d in await self.rows.due(self.clock(), 64):
+            by_hook.setdefault(d.webhook_id, []).append(d)
 
-        async def one(d: DeliveryRow) -> None:
+        async def in_order(deliveries: list[DeliveryRow]) -> None:
             async with gate:
-                await self._deliver(d)
+                for d in deliveries:
+                    await self._deliver(d)
 
-        await asyncio.gather(*(one(d) for d in await self.rows.due(self.clock(), 64)))
+        await asyncio.gather(*(in_order(ds) for ds in by_hook.values()))
 
     async def _deliver(self, d: DeliveryRow) -> None:
         hook = await self.rows.get(d.webhook_id)

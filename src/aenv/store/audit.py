@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import aiosqlite
 
 from aenv.store.models import AuditEntry
+from aenv.store.transactions import transaction
 
 _COLUMNS = "seq, at, actor, action, object_id, client, status, team_id, key_name"
 
@@ -20,17 +21,12 @@ class AuditStore:
         """Write ``entries`` in one transaction (in order: their seqs grow with it)."""
         if not entries:
             return
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
+        async with transaction(self._db):
             await self._db.executemany(
                 "INSERT INTO audit (at, actor, action, object_id, client, status, team_id, "
                 "key_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(e.at, e.actor, e.action, e.object_id, e.client, e.status, e.team_id,
                   e.key_name) for e in entries])
-            await self._db.execute("COMMIT")
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
 
     async def query(self, *, limit: int, before: int | None = None,
                     object_id: str | None = None, actor: str | None = None,

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import aiosqlite
 
+from aenv.store.transactions import transaction
+
 #: E2B's ``LogLevel``s, lowest first.
 LEVELS = ("debug", "info", "warn", "error")
 
@@ -33,17 +35,12 @@ class SandboxLogStore:
         """Write ``rows`` in one transaction."""
         if not rows:
             return
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
+        async with transaction(self._db):
             await self._db.executemany(
                 "INSERT INTO sandbox_logs (sandbox_id, team_id, at, level, message, fields) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 [(r.sandbox_id, r.team_id, r.at, r.level, r.message,
                   json.dumps(r.fields) if r.fields else None) for r in rows])
-            await self._db.execute("COMMIT")
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
 
     async def page(self, sandbox_id: str, *, since: float | None, limit: int,
                    forward: bool = True, level: str | None = None,

@@ -21,6 +21,7 @@ from aenv.core.errors import Conflict, NotFound
 from aenv.core.states import SandboxState, allowed
 from aenv.store.migrations import MIGRATIONS
 from aenv.store.models import COLUMNS, SandboxRecord, from_row, to_row
+from aenv.store.transactions import transaction
 
 
 class Store:
@@ -69,15 +70,10 @@ class Store:
         for number, script in enumerate(MIGRATIONS, start=1):
             if number <= current:
                 continue
-            await self._db.execute("BEGIN IMMEDIATE")
-            try:
+            async with transaction(self._db):
                 for statement in filter(None, (s.strip() for s in script.split(";"))):
                     await self._db.execute(statement)
                 await self._db.execute("INSERT INTO schema_version VALUES (?)", (number,))
-                await self._db.execute("COMMIT")
-            except BaseException:
-                await self._db.execute("ROLLBACK")
-                raise
 
     # -- sandboxes ---------------------------------------------------------------------------
 

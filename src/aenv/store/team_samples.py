@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import aiosqlite
 
+from aenv.store.transactions import transaction
+
 
 @dataclass(frozen=True)
 class TeamSample:
@@ -26,17 +28,12 @@ class TeamSampleStore:
     async def append(self, samples: Sequence[TeamSample]) -> None:
         if not samples:
             return
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
+        async with transaction(self._db):
             await self._db.executemany(
                 "INSERT INTO team_samples (team_id, at, concurrent, starts) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (team_id, at) DO UPDATE SET concurrent = excluded.concurrent,"
                 " starts = team_samples.starts + excluded.starts",
                 [(s.team_id, s.at, s.concurrent, s.starts) for s in samples])
-            await self._db.execute("COMMIT")
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
 
     async def between(self, team_id: str, start: int, end: int) -> list[TeamSample]:
         """The team's samples from ``start`` to ``end`` (Unix seconds, both included), in

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import aiosqlite
 
 from aenv.core.errors import AlreadyExists, Conflict, NotFound
+from aenv.store.transactions import transaction
 
 BuildStatus = Literal["waiting", "building", "ready", "error"]
 TERMINAL: tuple[BuildStatus, ...] = ("ready", "error")
@@ -137,18 +138,13 @@ class TemplateStore:
 
     async def delete_template(self, template_id: str) -> None:
         """Remove the template with its builds, tags and logs (its artifacts are the caller's)."""
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
+        async with transaction(self._db):
             await self._db.execute(
                 "DELETE FROM build_logs WHERE build_id IN"
                 " (SELECT build_id FROM template_builds WHERE template_id = ?)", (template_id,))
             for table in ("template_builds", "template_tags", "templates"):
                 await self._db.execute(
                     f"DELETE FROM {table} WHERE template_id = ?", (template_id,))
-            await self._db.execute("COMMIT")
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
 
     # -- builds ------------------------------------------------------------------------------
 

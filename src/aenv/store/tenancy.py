@@ -11,6 +11,7 @@ from typing import Any
 import aiosqlite
 
 from aenv.store.models import CredentialRow, TeamRow
+from aenv.store.transactions import transaction
 
 _CREDENTIAL_COLUMNS = ("key_id, team_id, kind, name, digest, value_length, masked_prefix, "
                        "masked_suffix, created_at, last_used")
@@ -47,14 +48,9 @@ class TenancyStore:
 
     async def delete_team(self, team_id: str) -> None:
         """The team and its credentials, in one transaction."""
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
+        async with transaction(self._db):
             await self._db.execute("DELETE FROM credentials WHERE team_id = ?", (team_id,))
             await self._db.execute("DELETE FROM teams WHERE team_id = ?", (team_id,))
-            await self._db.execute("COMMIT")
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
 
     # -- credentials -------------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import aiosqlite
 
+from aenv.store.transactions import transaction
+
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 
 
@@ -87,24 +89,19 @@ class WebhookStore:
         """Write ``deliveries`` in one transaction."""
         if not deliveries:
             return
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
+        async with transaction(self._db):
             await self._db.executemany(
                 f"INSERT INTO webhook_deliveries ({_DELIVERY}) VALUES "
                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(d.delivery_id, d.webhook_id, d.event_id, d.event_type, d.payload, d.status,
                   d.attempts, d.next_at, d.created_at, d.last_status, d.last_error, d.done_at)
                  for d in deliveries])
-            await self._db.execute("COMMIT")
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
 
     async def due(self, now: float, limit: int) -> list[DeliveryRow]:
-        """Pending deliveries whose next try is due, oldest first."""
+        """Pending deliveries whose next try is due, oldest event first."""
         async with self._db.execute(
             f"SELECT {_DELIVERY} FROM webhook_deliveries WHERE status = ? AND next_at <= ? "
-            "ORDER BY next_at LIMIT ?", (PENDING, now, limit)) as cur:
+            "ORDER BY created_at, rowid LIMIT ?", (PENDING, now, limit)) as cur:
             return [_delivery(r) for r in await cur.fetchall()]
 
     async def next_due(self) -> float | None:
