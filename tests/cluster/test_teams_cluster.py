@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.layout import Layout, cluster_layout
+from tests.prometheus_scrape import scrape
 from tests.server.harness import API_KEY
 from tests.tenancy_walk import make_objects, walk
 
@@ -227,29 +227,20 @@ def test_each_role_is_scraped_by_prometheus(lay: Layout) -> None:
             assert made.status_code == 201, made.text
             op.delete(f"/sandboxes/{made.json()['sandboxID']}")
         assert httpx.get(f"{gateway.url}/metrics").status_code == 401
-        got = _families(gateway.url, {"Authorization": f"Bearer {API_KEY}"})
+        got = scrape(gateway.url, {"Authorization": f"Bearer {API_KEY}"})
         assert got["aenv_gateway_requests_total"][(("code", "2xx"), ("route", "create"))] >= 1
         assert got["aenv_gateway_request_seconds_count"][(("route", "create"),)] >= 1
     placed = 0.0
     for scheduler in lay.schedulers:
-        got = _families(scheduler.url, {})
+        got = scrape(scheduler.url, {})
         placed += got["aenv_scheduler_placements_total"].get((("outcome", "ok"),), 0)
         assert got["aenv_cluster_nodes"][(("health", "ready"),)] == len(lay.nodes)
         assert got["aenv_cluster_sandboxes"][(("kind", "limit"),)] > 0
     assert placed >= len(lay.gateways)
     for node in lay.nodes:
-        got = _families(node.url, {"X-API-KEY": API_KEY})
+        got = scrape(node.url, {"X-API-KEY": API_KEY})
         assert "aenv_operation_seconds_count" in got and "aenv_sandboxes" in got
 
-
-def _families(url: str, headers: dict[str, str]) -> dict[str, dict[tuple[Any, ...], float]]:
-    answer = httpx.get(f"{url}/metrics", headers=headers, timeout=30)
-    assert answer.status_code == 200, answer.text
-    samples: dict[str, dict[tuple[Any, ...], float]] = {}
-    for family in text_string_to_metric_families(answer.text):
-        for s in family.samples:
-            samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return samples
 
 
 def test_a_gateways_request_id_reaches_the_node(lay: Layout) -> None:

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.prometheus_scrape import scrape
 from tests.server.harness import API_KEY, NodeServer, serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -24,16 +24,6 @@ def node() -> Iterator[NodeServer]:
                  precreate_pool_size="0", max_sandboxes="4") as server:
         yield server
 
-
-def _scrape(node: NodeServer, headers: dict[str, str]) -> dict[str, dict[tuple, float]]:
-    answer = httpx.get(f"{node.url}/metrics", headers=headers, timeout=30)
-    assert answer.status_code == 200, answer.text
-    assert answer.headers["content-type"].startswith("text/plain")
-    samples: dict[str, dict[tuple, float]] = {}
-    for family in text_string_to_metric_families(answer.text):
-        for s in family.samples:
-            samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return samples
 
 
 def test_a_scrape_after_each_operation(node: NodeServer) -> None:
@@ -59,7 +49,7 @@ def test_a_scrape_after_each_operation(node: NodeServer) -> None:
         assert envd.status_code in (200, 204), envd.text
         for s in (sid, child, *filler):
             assert api.delete(f"/sandboxes/{s}").status_code == 204
-    got = _scrape(node, {"Authorization": f"Bearer {API_KEY}"})
+    got = scrape(node.url, {"Authorization": f"Bearer {API_KEY}"})
     counts = got["aenv_operation_seconds_count"]
     for name in OPERATIONS:
         key = (("operation", name), ("outcome", "ok"))

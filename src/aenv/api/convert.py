@@ -23,9 +23,9 @@ from aenv.orchestrator.workload_identity import iam_body
 from aenv.store.models import SandboxRecord
 
 
-def iso(ts: float) -> str:
-    """RFC 3339 in UTC with a ``Z``, as E2B sends timestamps."""
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds").replace(
+def iso(ts: float, timespec: str = "microseconds") -> str:
+    """RFC 3339 in UTC with a ``Z``, as E2B sends timestamps (to ``timespec``)."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec=timespec).replace(
         "+00:00", "Z"
     )
 

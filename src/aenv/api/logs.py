@@ -17,7 +17,6 @@ its idle pause).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
 
@@ -25,6 +24,7 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel
 
 from aenv.api.auth import CallerDep
+from aenv.api.convert import iso
 from aenv.api.node import NodeDep
 from aenv.api.ownership import guard_path
 from aenv.core.errors import NotFound
@@ -69,13 +69,8 @@ class SandboxLogs(BaseModel):
     logEntries: list[SandboxLogEntry]
 
 
-def _iso(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
-
-
 def _entry(row: LogRow) -> SandboxLogEntry:
-    return SandboxLogEntry(timestamp=_iso(row.at), level=LogLevel(row.level),
+    return SandboxLogEntry(timestamp=iso(row.at, "milliseconds"), level=LogLevel(row.level),
                            message=row.message, fields=row.fields)
 
 
@@ -121,5 +116,6 @@ async def sandbox_logs_v1(
 ) -> SandboxLogs:
     rows = await _rows(node, caller, sandbox_id, since_ms=start, limit=limit, forward=True,
                        level=None, search=None)
-    return SandboxLogs(logs=[SandboxLog(timestamp=_iso(r.at), line=r.message) for r in rows],
+    return SandboxLogs(logs=[SandboxLog(timestamp=iso(r.at, "milliseconds"), line=r.message)
+                             for r in rows],
                        logEntries=[_entry(r) for r in rows])

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
 
@@ -25,7 +24,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from aenv.api.auth import CallerDep
-from aenv.api.convert import metric_out
+from aenv.api.convert import iso, metric_out
 from aenv.api.node import NodeDep
 from aenv.api.schemas import SandboxMetric
 from aenv.core.errors import AenvError, InvalidArgument, PermissionDenied
@@ -65,10 +64,6 @@ class MaxTeamMetric(BaseModel):
     timestamp: str
     timestampUnix: int
     value: float
-
-
-def _iso(at: int) -> str:
-    return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
 
 
 def sandbox_ids(raw: str) -> list[str]:
@@ -119,7 +114,7 @@ async def _points(node: Node, caller: Caller, team_id: str, start: int | None,
 async def team_metrics(team_id: str, node: NodeDep, caller: CallerDep,
                        start: Annotated[int | None, Query(ge=0)] = None,
                        end: Annotated[int | None, Query(ge=0)] = None) -> list[TeamMetric]:
-    return [TeamMetric(timestamp=_iso(p.at), timestampUnix=p.at,
+    return [TeamMetric(timestamp=iso(p.at, "seconds"), timestampUnix=p.at,
                        concurrentSandboxes=p.concurrent, sandboxStartRate=p.start_rate)
             for p in await _points(node, caller, team_id, start, end)]
 
@@ -135,4 +130,4 @@ async def team_metrics_max(team_id: str, node: NodeDep, caller: CallerDep,
         return p.concurrent if metric is MaxMetric.concurrent_sandboxes else p.start_rate
 
     top = max(points, key=value)  # the first of the highest: max keeps the first
-    return MaxTeamMetric(timestamp=_iso(top.at), timestampUnix=top.at, value=value(top))
+    return MaxTeamMetric(timestamp=iso(top.at, "seconds"), timestampUnix=top.at, value=value(top))

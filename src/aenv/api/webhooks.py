@@ -4,13 +4,13 @@ managed with its key. The signing secret is never returned. ``GET
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from aenv.api.auth import CallerDep
+from aenv.api.convert import iso
 from aenv.api.node import NodeDep
 from aenv.store.webhooks import DeliveryRow, WebhookRow
 
@@ -60,23 +60,20 @@ class DeliveryOut(BaseModel):
     doneAt: str | None
 
 
-def _iso(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
-
-
 def _out(row: WebhookRow) -> WebhookOut:
     return WebhookOut(id=row.webhook_id, teamID=row.team_id, name=row.name,
-                      createdAt=_iso(row.created_at), enabled=row.enabled, url=row.url,
+                      createdAt=iso(row.created_at, "milliseconds"), enabled=row.enabled,
+                      url=row.url,
                       events=list(row.events))
 
 
 def _delivery(d: DeliveryRow) -> DeliveryOut:
     return DeliveryOut(deliveryID=d.delivery_id, eventID=d.event_id, type=d.event_type,
                        status=d.status, attempts=d.attempts, lastStatus=d.last_status,
-                       lastError=d.last_error, createdAt=_iso(d.created_at),
-                       nextAttemptAt=_iso(d.next_at) if d.status == "pending" else None,
-                       doneAt=_iso(d.done_at) if d.done_at else None)
+                       lastError=d.last_error, createdAt=iso(d.created_at, "milliseconds"),
+                       nextAttemptAt=iso(d.next_at, "milliseconds")
+                       if d.status == "pending" else None,
+                       doneAt=iso(d.done_at, "milliseconds") if d.done_at else None)
 
 
 @router.post("/events/webhooks", status_code=201, response_model=WebhookOut)

@@ -15,7 +15,7 @@ from aenv.core import telemetry
 from aenv.core.host_load import CpuMeter, memory
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
-from aenv.orchestrator.team_quota import Usage
+from aenv.orchestrator.team_quota import Usage, is_up
 
 log = logging.getLogger("aenv.orchestrator.fleet_gauges")
 
@@ -34,7 +34,7 @@ async def measure(node: Node, cpu: CpuMeter) -> None:
     telemetry.POOL_READY.labels(pool="precreated").set(node.precreated.ready)
     telemetry.POOL_READY.labels(pool="network_slots").set(node.pool.ready_count)
     given = Usage.of(records)
-    cpus = sum(r.cpu_count for r in records if Usage.of([r]).count)  # those up
+    cpus = sum(r.cpu_count for r in records if is_up(r))
     telemetry.ALLOCATED.labels(resource="cpus").set(cpus)
     telemetry.ALLOCATED.labels(resource="memory_bytes").set(given.memory_mb << 20)
     used, total = await asyncio.to_thread(memory)

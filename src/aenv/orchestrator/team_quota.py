@@ -100,13 +100,17 @@ class Usage:
         reservation counts it)."""
         total = cls()
         for r in records:
-            # A paused sandbox being written to disk (``pausing`` and frozen) is paused to
-            # its user: it counts as paused.
-            up = r.state in _RUNNING and not (r.state == SandboxState.PAUSING
-                                              and frozen(r.instance))
+            up = is_up(r)
             if up or r.state in _HOLDING_DISK:
                 total += cls(int(up), r.memory_mb if up else 0, r.disk_size_mb)
         return total
+
+
+def is_up(record: SandboxRecord) -> bool:
+    """Whether the sandbox counts as up: running or in a lifecycle operation. A paused one
+    being written to disk (``pausing`` and frozen) is paused to its user: it does not."""
+    return record.state in _RUNNING and not (record.state == SandboxState.PAUSING
+                                             and frozen(record.instance))
 
 
 def usage_by_team(records: Iterable[SandboxRecord], default_team: str) -> dict[str, Usage]:
