@@ -60,6 +60,9 @@ _PROBE_PREFIX = ".reflink-probe-"
 #: checkpoints; :mod:`aenv.storage.pool_trim` hurries that along. Measured on this host, 4 x
 #: 512 MiB write+fsync+delete in an image and 2,000 small files: within the noise (±15 %).
 _POOL_MOUNT_OPTIONS = "noatime,discard"
+#: How long an unmounted pool's loop device may take to go: the kernel frees an autoclear
+#: device at its last close, which can come just after ``umount`` returns.
+_RELEASE_S = 10.0
 
 PoolBacking = Literal["auto", "dir", "image"]
 
@@ -229,6 +232,9 @@ class ReflinkPool:
             await unmount(str(self.path), lazy=False, what=f"workspace pool {self.path}")
         for loop in loopdev.loops_backed_by(self.image):
             await loopdev.detach(loop.device)
+        if left := await loopdev.wait_released(self.image, _RELEASE_S):
+            names = ", ".join(loop.device for loop in left)
+            raise Conflict(f"workspace pool image {self.image} is still attached to {names}")
 
     def host_path(self) -> Path:
         """A path on the file system the pool's blocks are taken from: the home's for a pool

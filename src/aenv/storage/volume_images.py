@@ -43,6 +43,8 @@ MKFS_TIMEOUT_S = 60.0
 #: API's files default to 9090).
 _MKFS_ARGS = ("-q", "-F", "-m", "0", "-b", "4096", "-L", "aenv-vol", "-E", "root_owner=0:0")
 _MOUNT_OPTIONS = "noatime,discard"
+#: How long an unmounted volume's loop device may take to go.
+_RELEASE_S = 10.0
 
 
 class VolumeImages:
@@ -167,6 +169,10 @@ class VolumeImages:
         image = self.image(volume_id)
         for loop in loopdev.loops_backed_by(image):
             await loopdev.detach(loop.device)
+        # An autoclear device goes at its last close, which can come just after umount.
+        if left := await loopdev.wait_released(image, _RELEASE_S):
+            names = ", ".join(loop.device for loop in left)
+            raise Conflict(f"volume {volume_id}'s image is still attached to {names}")
         with contextlib.suppress(FileNotFoundError, OSError):
             target.rmdir()
 
