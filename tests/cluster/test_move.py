@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import httpx
 import pytest
 from e2b import Sandbox
 
@@ -30,6 +31,7 @@ from tests.server.test_shared_repository import (
     s3_settings,
     start_counter,
 )
+from tests.server.test_webhooks import SECRET, Receiver
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.timeout(600)]
 
@@ -64,7 +66,7 @@ def cluster(redis_server: RedisServer, hub: tuple[str, list[Namespace]],
     hub_ip, (ns_a, ns_b, _) = hub
     with run_s3_server(host=hub_ip) as s3:
         settings = {**s3_settings(s3, f"{tag}-{nonce}"), "cluster": redis_server.url,
-                    "heartbeat_interval_s": "0.5"}
+                    "heartbeat_interval_s": "0.5", "webhook_allow_private": "true"}
         a = start_server(free_port(), netns=ns_a.name, host=ns_a.node_ip,
                          node_id=f"{tag}-a-{nonce}", **settings, **a_settings)
         started: list[NodeServer] = []
@@ -145,7 +147,14 @@ def test_a_fork_from_a_full_node_places_children_on_another(
 def test_drain_moves_every_sandbox_to_another_node(
         redis_server: RedisServer, hub: tuple[str, list[Namespace]],
         monkeypatch: pytest.MonkeyPatch) -> None:
+    receiver = Receiver(hub[0])  # on the hub: every node's namespace reaches it
+    receiver.start()
     with cluster(redis_server, hub, monkeypatch, "dr") as c:
+        gateway = httpx.Client(base_url=c.gateway.url, headers={"X-API-KEY": API_KEY},
+                               timeout=60)
+        made = gateway.post("/events/webhooks", json={"name": "moves", "url": receiver.url,
+                                                       "signatureSecret": SECRET})
+        assert made.status_code == 201, made.text
         moving = [Sandbox.create(timeout=300) for _ in range(2)]  # A is alone yet
         for sbx in moving:
             sbx.files.write("/home/user/kept.txt", sbx.sandbox_id)
@@ -170,3 +179,33 @@ def test_drain_moves_every_sandbox_to_another_node(
         fresh.kill()
         for sbx in moving:
             Sandbox.connect(sbx.sandbox_id).kill()
+        # Logs through the gateway: what A wrote and what B wrote, in order, after the kill.
+        for sbx in moving:
+            logs = gateway.get(f"/v2/sandboxes/{sbx.sandbox_id}/logs").json()["logs"]
+            said = [e["message"] for e in logs]
+            assert said.index("sandbox created") < said.index("sandbox paused") \
+                < said.index("sandbox resumed") < said.index("sandbox killed"), said
+            stamps = [e["timestamp"] for e in logs]
+            assert stamps == sorted(stamps)
+            newest = gateway.get(f"/v2/sandboxes/{sbx.sandbox_id}/logs",
+                                 params={"direction": "backward", "limit": 1}).json()["logs"]
+            assert [e["message"] for e in newest] == ["sandbox killed"]
+        # Webhooks registered through the gateway: every node delivers its own sandboxes'
+        # events, each once.
+        ids = {s.sandbox_id for s in moving}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            events = [e for e in receiver.events() if e["sandboxId"] in ids]
+            if sum(e["type"].endswith(".killed") for e in events) == 2:
+                break
+            time.sleep(0.2)
+        receiver.stop()
+        assert len({e["id"] for e in events}) == len(events), events
+        for sandbox_id in ids:
+            kinds = [e["type"].removeprefix("sandbox.lifecycle.") for e in events
+                     if e["sandboxId"] == sandbox_id]
+            assert kinds.count("created") == 1 and kinds.count("killed") == 1, kinds
+            assert kinds.count("paused") == 1 and kinds.count("resumed") >= 1, kinds
+        hook = made.json()["id"]
+        log_ = gateway.get(f"/events/webhooks/{hook}/deliveries", params={"limit": 1000})
+        assert {d["eventID"] for d in log_.json()} >= {e["id"] for e in events}

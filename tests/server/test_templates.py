@@ -132,8 +132,8 @@ def test_template_builder_from_a_registry_image(
         .set_workdir("/srv/work")  # made by the step, for its user: app can write there
         .run_cmd("echo $GREETING > mine.txt")
         # The loop replaces the file (a reader never sees it half-written).
-        .set_start_cmd("while true; do date > /tmp/a.new; mv /tmp/a.new /tmp/alive; sleep 1; done",
-                       "test -s /tmp/alive")
+        .set_start_cmd("while true; do date > /tmp/a.new; mv /tmp/a.new /tmp/alive; "
+                       "echo tick; sleep 1; done", "test -s /tmp/alive")
     )
     logs: list[str] = []
     Template.build(template, "tpl-busybox", on_build_logs=lambda e: logs.append(e.message))
@@ -155,6 +155,13 @@ def test_template_builder_from_a_registry_image(
     first = sbx.files.read("/tmp/alive")
     time.sleep(1.5)
     assert sbx.files.read("/tmp/alive") != first
+    # What it prints is in the sandbox's logs (envd copies the start command's output to its
+    # console, docs/logs.md), read at once by the logs route.
+    got = httpx.get(f"{server.url}/v2/sandboxes/{sbx.sandbox_id}/logs",
+                    headers={"X-API-KEY": API_KEY}, timeout=30).json()["logs"]
+    ticks = [e for e in got if e["fields"].get("source") == "start"]
+    assert ticks and ticks[-1]["message"] == "tick", got
+    assert ticks[-1]["fields"]["stream"] == "stdout"
 
     # A rebuild with one changed step re-runs from that step only.
     logs.clear()

@@ -36,7 +36,8 @@ class Receiver:
     """A real HTTP server on 127.0.0.1 that keeps what it is sent; ``status`` is what it
     answers; ``stop``/``start`` take it down and up on the same port."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.port = free_port()
         self.got: list[tuple[dict[str, str], bytes]] = []
         self.status = 200
@@ -56,7 +57,7 @@ class Receiver:
             def log_message(self, *_: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
@@ -67,7 +68,7 @@ class Receiver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
+        return f"http://{self.host}:{self.port}/hook"
 
     def events(self) -> list[dict[str, Any]]:
         """What arrived, each signature checked as a receiver following E2B's docs does."""

@@ -26,7 +26,8 @@ KEY = "e2b_" + "7" * 40
 async def _hooks(tmp_path: Path, now: list[float], **options: object) -> tuple[Store, Webhooks]:
     store = await Store.open(tmp_path / "state.db")
     vault = Vault(SecretStore(store.db), KEY)
-    hooks = Webhooks(WebhookStore(store.db), vault, lambda: "team-d", clock=lambda: now[0],
+    rows = WebhookStore(store.db)
+    hooks = Webhooks(rows, rows, vault, lambda: "team-d", clock=lambda: now[0],
                      **options)  # type: ignore[arg-type]
     return store, hooks
 
@@ -65,7 +66,7 @@ async def test_a_private_destination_fails_at_once_and_failures_back_off(
     async with httpx.AsyncClient(timeout=0.5) as http:
         hooks._http = http
         await hooks.deliver_due()
-    [refused] = await hooks.rows.deliveries(private.webhook_id, 10)
+    [refused] = await hooks.outbox.deliveries(private.webhook_id, 10)
     assert refused.status == FAILED and "private address" in (refused.last_error or "")
     # The other webhook wanted only kills: nothing queued for it. Then a reachable-looking
     # one that never answers: tried again after 1, 2, 4, 8, 8 … s, given up after 100 s.
@@ -79,13 +80,13 @@ async def test_a_private_destination_fails_at_once_and_failures_back_off(
         hooks._http = http
         for _ in range(40):
             await hooks.deliver_due()
-            [d] = await hooks.rows.deliveries(later.webhook_id, 10)
+            [d] = await hooks.outbox.deliveries(later.webhook_id, 10)
             if d.status != PENDING:
                 break
             gaps.append(round(d.next_at - now[0]))
             now[0] = d.next_at + 0.01
     assert gaps[:5] == [1, 2, 4, 8, 8]
     assert sum(gaps) >= 100 - 8
-    [d] = await hooks.rows.deliveries(later.webhook_id, 10)
+    [d] = await hooks.outbox.deliveries(later.webhook_id, 10)
     assert d.status == FAILED and d.attempts >= 5
     await store.close()

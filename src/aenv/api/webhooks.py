@@ -85,7 +85,7 @@ async def create_webhook(body: NewWebhook, node: NodeDep, caller: CallerDep) -> 
 
 @router.get("/events/webhooks", response_model=list[WebhookOut])
 async def list_webhooks(node: NodeDep, caller: CallerDep) -> list[WebhookOut]:
-    return [_out(r) for r in await node.webhooks.rows.of_team(caller.team_id)]
+    return [_out(r) for r in await node.webhooks.defs.of_team(caller.team_id)]
 
 
 @router.get("/events/webhooks/{webhook_id}", response_model=WebhookOut)
@@ -112,4 +112,4 @@ async def webhook_deliveries(webhook_id: str, node: NodeDep, caller: CallerDep,
                              limit: Annotated[int, Query(ge=1, le=1000)] = 100
                              ) -> list[DeliveryOut]:
     await node.webhooks.get(caller.team_id, webhook_id)
-    return [_delivery(d) for d in await node.webhooks.rows.deliveries(webhook_id, limit)]
+    return [_delivery(d) for d in await node.webhooks.outbox.deliveries(webhook_id, limit)]

@@ -55,7 +55,7 @@ async def sandboxes(fetch: Fetch, addresses: Sequence[str]) -> Response:
         if answer is None:
             continue
         if answer.status_code != 200:
-            return _relay(answer)
+            return relay(answer)
         merged.update(answer.json().get("sandboxes") or {})
     return JSONResponse({"sandboxes": merged})
 
@@ -75,7 +75,7 @@ async def team(fetch: Fetch, addresses: Sequence[str], request: Request, *,
         if answer is None:
             continue
         if answer.status_code != 200:
-            return _relay(answer)
+            return relay(answer)
         for p in answer.json():
             at = int(p["timestampUnix"])
             into = points.setdefault(at, {**p, "concurrentSandboxes": 0,
@@ -95,6 +95,6 @@ async def team(fetch: Fetch, addresses: Sequence[str], request: Request, *,
                          "value": top[key]})
 
 
-def _relay(answer: httpx.Response) -> Response:
+def relay(answer: httpx.Response) -> Response:
     return Response(answer.content, status_code=answer.status_code,
                     media_type="application/json")

@@ -12,6 +12,9 @@ Stateless; any number of replicas. What it does with a request:
   continues on every node at once. ``X-Total-Running`` is the sum.
 * **Fork** (``POST /sandboxes/{id}/fork``): the parent's node forks what fits; children it
   has no room for start on other nodes from a snapshot of the parent (``fork_spread.py``).
+* **Read from every node** (``fleet_metrics.py``, ``fleet_reads.py``): many sandboxes'
+  metrics, a team's, a sandbox's logs (kept on each node it ran on, and after its kill) and
+  a webhook's deliveries (each node delivers its own sandboxes' events): merged.
 * **Resume and connect** of a sandbox whose node is draining, lost, or refuses
   connections (it died): placed again (the old node excluded) and sent to the new node,
   which adopts the paused sandbox from the shared repository; the binding moves with the
@@ -69,7 +72,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api.audit import actor_of
 from aenv.api.listing import encode_cursor
-from aenv.cluster import bindings, fleet_metrics, fork_spread, forward, reserve, telemetry
+from aenv.cluster import (
+    bindings,
+    fleet_metrics,
+    fleet_reads,
+    fork_spread,
+    forward,
+    reserve,
+    telemetry,
+)
 from aenv.cluster.audit_store import RedisAuditStore
 from aenv.cluster.cache import Binding, ClusterCache
 from aenv.cluster.keys import Keys
@@ -173,8 +184,10 @@ class Gateway:
         if path in _LIST_PATHS and request.method == "GET":
             return await self._list(request)
         if request.method == "GET" and (path == "/sandboxes/metrics"
-                                        or _TEAM_METRICS.match(path)):
-            return await self._fleet_metrics(request)
+                                        or _TEAM_METRICS.match(path)
+                                        or fleet_reads.LOGS.match(path)
+                                        or fleet_reads.DELIVERIES.match(path)):
+            return await self._from_every_node(request)
         fork = _FORK.match(path)
         if fork and request.method == "POST":
             return await self._fork(request, fork.group(1))
@@ -369,11 +382,16 @@ class Gateway:
         return Response(sent.content, status_code=sent.status_code, headers={
             k: v for k, v in sent.headers.items() if k.lower() in ("content-type",)})
 
-    async def _fleet_metrics(self, request: Request) -> Response:
-        """Many sandboxes' metrics, or a team's, merged over the nodes (``fleet_metrics``)."""
+    async def _from_every_node(self, request: Request) -> Response:
+        """Many sandboxes' metrics, or a team's (``fleet_metrics``), a sandbox's logs or a
+        webhook's deliveries (``fleet_reads``): merged over the nodes."""
         nodes, now = await self._nodes()
         reachable = {n.node_id: n.address for n in nodes if n.health(now) is not Health.LOST}
         fetch = fleet_metrics.fetcher(self.http, request)
+        if fleet_reads.LOGS.match(request.url.path):
+            return await fleet_reads.logs(fetch, list(reachable.values()), request)
+        if fleet_reads.DELIVERIES.match(request.url.path):
+            return await fleet_reads.deliveries(fetch, list(reachable.values()), request)
         if request.url.path != "/sandboxes/metrics":
             return await fleet_metrics.team(fetch, list(reachable.values()), request,
                                             maximum=request.url.path.endswith("/max"))

@@ -98,6 +98,16 @@ class Keys:
         return f"{self.prefix}:team:{team_id}:secret-order"
 
     @property
+    def webhooks(self) -> str:
+        """Hash: webhook id → the webhook (``WebhookRow`` as JSON, its secret sealed)
+        (``webhook_store.py``)."""
+        return f"{self.prefix}:webhooks"
+
+    def team_webhooks(self, team_id: str) -> str:
+        """Sorted set: a team's webhook ids, scored by when each was made."""
+        return f"{self.prefix}:team:{team_id}:webhooks"
+
+    @property
     def audit(self) -> str:
         """Stream: the cluster's audit log, entry ``<seq>-0`` (``audit_store.py``)."""
         return f"{self.prefix}:audit"

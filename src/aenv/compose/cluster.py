@@ -1,6 +1,6 @@
 """Joining a cluster: the node's heartbeat to Redis, peer fetch of blobs from other nodes,
-and where the state every node shares lives (teams and keys, secrets, the audit log, the
-teams' usage): the node's own database alone, or the cluster's Redis."""
+and where the state every node shares lives (teams and keys, secrets, webhooks, the audit
+log, the teams' usage): the node's own database alone, or the cluster's Redis."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from aenv.orchestrator.node_identity import node_id
 from aenv.orchestrator.secrets import SecretRows
 from aenv.orchestrator.team_directory import LocalDirectory, TeamDirectory
 from aenv.orchestrator.team_quota import SharedUsage
+from aenv.orchestrator.webhooks import WebhookDefs
 from aenv.store.audit import AuditStore
 from aenv.store.secrets import SecretStore
 from aenv.store.sqlite import Store
 from aenv.store.tenancy import TenancyStore
+from aenv.store.webhooks import WebhookStore
 
 log = logging.getLogger("aenv.compose")
 
@@ -58,6 +60,21 @@ def secret_store(settings: Settings, store: Store,
 
     shared = RedisSecretStore(connect(settings.cluster))
     stack.push_async_callback(_quietly, "the cluster's secrets", shared.close)
+    return shared
+
+
+def webhook_defs(settings: Settings, store: Store,
+                 stack: contextlib.AsyncExitStack) -> WebhookDefs:
+    """Where the teams' webhooks live: the node's own database, or in cluster mode the
+    cluster's Redis (each node then delivers its own sandboxes' events to every webhook;
+    closed by ``stack``)."""
+    if not settings.cluster:
+        return WebhookStore(store.db)
+    from aenv.cluster.redis_client import connect
+    from aenv.cluster.webhook_store import RedisWebhookStore
+
+    shared = RedisWebhookStore(connect(settings.cluster))
+    stack.push_async_callback(_quietly, "the cluster's webhooks", shared.close)
     return shared
 
 

@@ -32,6 +32,7 @@ from aenv.compose.cluster import (
     secret_store,
     team_directory,
     team_usage,
+    webhook_defs,
 )
 from aenv.core.errors import AenvError
 from aenv.core.net import EgressPolicy
@@ -163,7 +164,8 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         audit=AuditTrail(audit_store(settings, store, stack), settings.audit_max_entries),
         tenancy=tenancy,
         secrets=vault,
-        webhooks=Webhooks(WebhookStore(store.db), vault, lambda: tenancy.default_team_id,
+        webhooks=Webhooks(webhook_defs(settings, store, stack), WebhookStore(store.db), vault,
+                          lambda: tenancy.default_team_id,
                           allow_private=settings.webhook_allow_private,
                           retry_max_s=settings.webhook_retry_max_s,
                           give_up_s=settings.webhook_give_up_s),

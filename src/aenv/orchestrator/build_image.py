@@ -17,6 +17,7 @@ from pathlib import Path
 
 from aenv.core.errors import DeadlineExceeded, InvalidArgument
 from aenv.core.ids import new_access_token, new_sandbox_id
+from aenv.envd.process.console_tee import START_TAG
 from aenv.orchestrator import disk_mode, restore_match
 from aenv.orchestrator.build_log import BuildLog
 from aenv.orchestrator.build_state import (
@@ -94,7 +95,7 @@ async def finalize(node: Node, state: StageState, plan: BuildPlan, spec: BuildSp
             if plan.start_cmd:
                 log_.info(f"start command: {plan.start_cmd}", FINALIZE_STEP)
                 pid = await processes.start("/bin/bash", ["-l", "-c", plan.start_cmd],
-                                            user=user, cwd=state.workdir)
+                                            user=user, cwd=state.workdir, tag=START_TAG)
                 log_.info(f"start command runs as pid {pid}", FINALIZE_STEP)
             if plan.ready_cmd:
                 await wait_ready(processes, plan.ready_cmd, user, state.workdir,

@@ -76,12 +76,12 @@ async def _envelopes(response: httpx.Response) -> AsyncIterator[tuple[int, dict[
             yield flags, message if isinstance(message, dict) else {}
 
 
-def _start_body(cmd: str, args: list[str], envs: Mapping[str, str], cwd: str | None
-                ) -> dict[str, Any]:
+def _start_body(cmd: str, args: list[str], envs: Mapping[str, str], cwd: str | None,
+                tag: str | None = None) -> dict[str, Any]:
     process: dict[str, Any] = {"cmd": cmd, "args": args, "envs": dict(envs)}
     if cwd:
         process["cwd"] = cwd
-    return {"process": process, "stdin": False}
+    return {"process": process, "stdin": False, **({"tag": tag} if tag else {})}
 
 
 def _stream_error(message: Mapping[str, Any]) -> str | None:
@@ -111,10 +111,10 @@ class EnvdProcesses:
     @contextlib.asynccontextmanager
     async def _started(
         self, cmd: str, args: list[str], user: str, cwd: str | None,
-        envs: Mapping[str, str] | None, timeout_s: float | None,
+        envs: Mapping[str, str] | None, timeout_s: float | None, tag: str | None = None,
     ) -> AsyncIterator[AsyncIterator[tuple[int, dict[str, Any]]]]:
         """Inside: the envelopes of a ``Start`` stream envd accepted."""
-        body = _envelope(_start_body(cmd, args, envs or {}, cwd))
+        body = _envelope(_start_body(cmd, args, envs or {}, cwd, tag))
         async with self._http.stream(
             "POST", "/process.Process/Start", content=body,
             headers=_headers(user, self._token, timeout_s),
@@ -173,15 +173,16 @@ class EnvdProcesses:
 
     async def start(
         self, cmd: str, args: list[str], *, user: str, cwd: str | None = None,
-        envs: Mapping[str, str] | None = None,
+        envs: Mapping[str, str] | None = None, tag: str | None = None,
     ) -> int:
         """Start a background process and return its pid once envd reports it started; the
-        process outlives this call (as ``commands.run(background=True)``).
+        process outlives this call (as ``commands.run(background=True)``). ``tag``: envd's
+        process tag (``START_TAG``: its output also goes to the sandbox's logs).
 
         On failure: ``Unavailable`` with envd's words.
         """
         try:
-            async with self._started(cmd, args, user, cwd, envs, None) as envelopes:
+            async with self._started(cmd, args, user, cwd, envs, None, tag) as envelopes:
                 async for flags, message in envelopes:
                     if flags & _END_STREAM:
                         raise Unavailable(

@@ -8,7 +8,9 @@ Two sources:
   death, the end) becomes one entry — ``sandbox created``, ``sandbox paused``, ``sandbox
   resumed``, ``sandbox forked``, ``snapshot taken``, ``sandbox killed``, ``sandbox died:
   <reason>`` — with the event in ``fields``. Queued in line, written by the next flush.
-* **Console**: the runtime's console file of the sandbox (``Runtime.console_log``), read
+* **Console**: the runtime's console file of the sandbox (``Runtime.console_log``) — envd's
+  own lines, and the start command's output, which envd copies there (``source: start``) —
+  read
   from where the last read stopped (kept in the store, so a restart reads on), at most
   ``CONSOLE_READ_BYTES`` a time, lines cut at ``MAX_LINE``. Read every ``interval_s`` for
   running sandboxes, at each request for a sandbox's logs, and before a kill removes it.
@@ -29,6 +31,7 @@ from typing import Any
 
 from aenv.core import telemetry
 from aenv.core.states import SandboxState
+from aenv.envd.process.console_tee import PREFIX as START_PREFIX
 from aenv.store.sandbox_logs import LogRow, SandboxLogStore
 from aenv.store.sqlite import Store
 
@@ -97,6 +100,17 @@ def console_level(line: str) -> str:
     if head.startswith("DEBUG"):
         return "debug"
     return "info"
+
+
+def console_entry(line: str) -> tuple[str, str, dict[str, str]]:
+    """A console line as (level, message, fields): the start command's (copied there by
+    envd, ``envd/process/console_tee.py``) under ``source: start`` with its stream, without
+    the prefix; any other under ``source: console``."""
+    if line.startswith(START_PREFIX):
+        stream, sep, rest = line[len(START_PREFIX):].partition("] ")
+        if sep and stream in ("stdout", "stderr"):
+            return console_level(rest), rest, {"source": "start", "stream": stream}
+    return console_level(line), line, {"source": "console"}
 
 
 @dataclass
@@ -179,8 +193,8 @@ class LogBook:
                 continue
             if len(text) > MAX_LINE:
                 text = text[:MAX_LINE] + "…"
-            self._pending.append(LogRow(sandbox_id, now, console_level(text), text,
-                                        {"source": "console"}, team_id))
+            level, message, fields = console_entry(text)
+            self._pending.append(LogRow(sandbox_id, now, level, message, fields, team_id))
         await self.rows.set_offset(sandbox_id, state.offset - len(state.partial))
 
     def forget(self, sandbox_id: str) -> None:

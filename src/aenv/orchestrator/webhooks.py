@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -55,6 +55,9 @@ MAX_WEBHOOKS = 20
 CONCURRENCY = 8
 #: A receiver has this long to answer a delivery.
 TIMEOUT_S = 10.0
+#: How long after an event its pass begins: the events of that moment go in one batch, and
+#: the outbox's writes and the delivery do not run inside the operation's answer.
+BATCH_S = 0.2
 #: Delivered and failed deliveries are kept this long for the delivery log.
 KEEP_DONE_S = 7 * 86_400.0
 
@@ -99,6 +102,17 @@ def _iso(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+class WebhookDefs(Protocol):
+    """Where the teams' webhooks are kept: the node's database, or in a cluster the cluster's
+    Redis (``cluster/webhook_store.py``), so every node delivers to every webhook. May raise
+    the store's own errors (``Unavailable``: it cannot be reached)."""
+
+    async def put(self, row: WebhookRow) -> None: ...
+    async def get(self, webhook_id: str) -> WebhookRow | None: ...
+    async def of_team(self, team_id: str) -> list[WebhookRow]: ...
+    async def delete(self, webhook_id: str) -> bool: ...
+
+
 @dataclass(frozen=True)
 class _Event:
     event_id: str
@@ -110,12 +124,16 @@ class _Event:
 
 
 class Webhooks:
-    """``default_team``: the team of a record that names none."""
+    """``defs``: the webhooks; ``outbox``: the node's deliveries (in a cluster each node
+    delivers the events of its own sandboxes, so each event once); ``default_team``: the
+    team of a record that names none."""
 
-    def __init__(self, rows: WebhookStore, vault: Vault, default_team: Callable[[], str], *,
+    def __init__(self, defs: WebhookDefs, outbox: WebhookStore, vault: Vault,
+                 default_team: Callable[[], str], *,
                  allow_private: bool = False, retry_max_s: float = 300.0,
                  give_up_s: float = 86_400.0, clock: Callable[[], float] = time.time) -> None:
-        self.rows = rows
+        self.defs = defs
+        self.outbox = outbox
         self.vault = vault
         self.default_team = default_team
         self.allow_private = allow_private
@@ -130,16 +148,16 @@ class Webhooks:
 
     async def create(self, team_id: str, *, name: str, url: str, enabled: bool,
                      events: list[str] | None, secret: str | None) -> WebhookRow:
-        if len(await self.rows.of_team(team_id)) >= MAX_WEBHOOKS:
+        if len(await self.defs.of_team(team_id)) >= MAX_WEBHOOKS:
             raise InvalidArgument(f"a team has at most {MAX_WEBHOOKS} webhooks")
         webhook_id = str(uuid.uuid4())
         row = WebhookRow(webhook_id, team_id, _name(name), check_url(url), enabled,
                          check_events(events), self._seal(webhook_id, secret), self.clock())
-        await self.rows.put(row)
+        await self.defs.put(row)
         return row
 
     async def get(self, team_id: str, webhook_id: str) -> WebhookRow:
-        row = await self.rows.get(webhook_id)
+        row = await self.defs.get(webhook_id)
         if row is None or row.team_id != team_id:
             raise NotFound(f"webhook {webhook_id} not found")
         return row
@@ -157,12 +175,13 @@ class Webhooks:
             events=check_events(events) if events is not None else row.events,
             sealed_secret=self._seal(webhook_id, secret) if secret is not None
             else row.sealed_secret)
-        await self.rows.put(row)
+        await self.defs.put(row)
         return row
 
     async def delete(self, team_id: str, webhook_id: str) -> None:
         await self.get(team_id, webhook_id)
-        await self.rows.delete(webhook_id)
+        await self.defs.delete(webhook_id)
+        await self.outbox.drop_pending(webhook_id)  # other nodes' go at their next try
 
     def _seal(self, webhook_id: str, secret: str | None) -> bytes | None:
         if secret is None:
@@ -189,13 +208,13 @@ class Webhooks:
         for event in events:
             team = event.team_id or self.default_team()
             if team not in hooks:
-                hooks[team] = await self.rows.of_team(team)
+                hooks[team] = await self.defs.of_team(team)
             body = json.dumps(self._payload(event, team), separators=(",", ":"))
             out += [DeliveryRow(str(uuid.uuid4()), hook.webhook_id, event.event_id, event.type,
                                 body, PENDING, 0, event.at, event.at)
                     for hook in hooks[team] if hook.enabled and event.type in hook.events]
         try:
-            await self.rows.enqueue(out)
+            await self.outbox.enqueue(out)
         except BaseException:
             self._queued[:0] = events
             raise
@@ -230,17 +249,21 @@ class Webhooks:
                     await self.deliver_due()
                     if self.clock() - swept > 3600:
                         swept = self.clock()
-                        await self.rows.drop_done_before(swept - KEEP_DONE_S)
+                        await self.outbox.drop_done_before(swept - KEEP_DONE_S)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
                     log.exception("webhooks: a pass failed; the next one retries")
-                nxt = await self.rows.next_due()
+                nxt = await self.outbox.next_due()
                 wait = 1.0 if nxt is None else min(1.0, max(0.05, nxt - self.clock()))
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
                         await self._wake.wait()
+                if self._wake.is_set():
+                    # The operation that made the event is still answering: let it, and let
+                    # the events that follow it join this pass.
+                    await asyncio.sleep(BATCH_S)
         finally:
             await self._http.aclose()
 
@@ -249,7 +272,7 @@ class Webhooks:
         receiver that answers sees them in order), ``CONCURRENCY`` webhooks at a time."""
         gate = asyncio.Semaphore(CONCURRENCY)
         by_hook: dict[str, list[DeliveryRow]] = {}
-        for d in await self.rows.due(self.clock(), 64):
+        for d in await self.outbox.due(self.clock(), 64):
             by_hook.setdefault(d.webhook_id, []).append(d)
 
         async def in_order(deliveries: list[DeliveryRow]) -> None:
@@ -260,9 +283,13 @@ class Webhooks:
         await asyncio.gather(*(in_order(ds) for ds in by_hook.values()))
 
     async def _deliver(self, d: DeliveryRow) -> None:
-        hook = await self.rows.get(d.webhook_id)
+        hook = await self.defs.get(d.webhook_id)
         attempts = d.attempts + 1
-        if hook is None:
+        if hook is None:  # deleted (through another node: its outbox kept this one)
+            await self.outbox.record(d.delivery_id, status=FAILED, attempts=d.attempts,
+                                     next_at=d.next_at, last_status=None,
+                                     last_error="the webhook was deleted",
+                                     done_at=self.clock())
             return
         status: int | None = None
         error: str | None = None
@@ -280,13 +307,13 @@ class Webhooks:
                                            headers=headers)
             status = answer.status_code
             if 200 <= status < 300:
-                await self.rows.record(d.delivery_id, status=DELIVERED, attempts=attempts,
+                await self.outbox.record(d.delivery_id, status=DELIVERED, attempts=attempts,
                                        next_at=d.next_at, last_status=status,
                                        last_error=None, done_at=self.clock())
                 return
             error = f"answered {status}"
         except _Refused as exc:
-            await self.rows.record(d.delivery_id, status=FAILED, attempts=attempts,
+            await self.outbox.record(d.delivery_id, status=FAILED, attempts=attempts,
                                    next_at=d.next_at, last_status=None, last_error=str(exc),
                                    done_at=self.clock())
             return
@@ -294,14 +321,14 @@ class Webhooks:
             error = f"{type(exc).__name__}: {exc}"[:500]
         now = self.clock()
         if now - d.created_at >= self.give_up_s:
-            await self.rows.record(d.delivery_id, status=FAILED, attempts=attempts,
+            await self.outbox.record(d.delivery_id, status=FAILED, attempts=attempts,
                                    next_at=d.next_at, last_status=status, last_error=error,
                                    done_at=now)
             log.warning("webhook %s: gave up delivery %s after %d tries: %s",
                         hook.webhook_id, d.delivery_id, attempts, error)
             return
         delay = min(self.retry_max_s, 2.0 ** (attempts - 1))
-        await self.rows.record(d.delivery_id, status=PENDING, attempts=attempts,
+        await self.outbox.record(d.delivery_id, status=PENDING, attempts=attempts,
                                next_at=now + delay, last_status=status, last_error=error,
                                done_at=None)
 

@@ -1,6 +1,7 @@
 """Lifecycle webhooks and their deliveries (``orchestrator/webhooks.py`` decides what goes
-in): the webhooks of a team, and an outbox of deliveries — pending until delivered or given
-up, each with its attempts, next try and last outcome."""
+in): the webhooks of a team (a node alone; in a cluster they live in Redis,
+``cluster/webhook_store.py``), and the node's outbox of deliveries — pending until
+delivered or given up, each with its attempts, next try and last outcome."""
 
 from __future__ import annotations
 
@@ -81,9 +82,13 @@ class WebhookStore:
 
     async def delete(self, webhook_id: str) -> bool:
         cur = await self._db.execute("DELETE FROM webhooks WHERE webhook_id = ?", (webhook_id,))
-        await self._db.execute("DELETE FROM webhook_deliveries WHERE webhook_id = ? AND "
-                               "status = ?", (webhook_id, PENDING))
         return cur.rowcount == 1
+
+    async def drop_pending(self, webhook_id: str) -> int:
+        """Forget the webhook's deliveries not yet made (it was deleted)."""
+        cur = await self._db.execute("DELETE FROM webhook_deliveries WHERE webhook_id = ? AND "
+                                     "status = ?", (webhook_id, PENDING))
+        return cur.rowcount
 
     async def enqueue(self, deliveries: Sequence[DeliveryRow]) -> None:
         """Write ``deliveries`` in one transaction."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from aenv.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from aenv.envd import pidlimit
+from aenv.envd.process.console_tee import START_TAG, ConsoleTee
 from aenv.envd.process.exitstatus import ExitInfo
 from aenv.envd.process.shell import shell_argv
 from aenv.envd.process.spawn import Spawned, set_winsize, spawn
@@ -67,6 +68,8 @@ class ManagedProcess:
     _open_outputs: set[str] = field(default_factory=set)
     _input_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _reaped: int | None = None
+    #: The start command's: its output copied to the console (``console_tee.py``).
+    console: ConsoleTee | None = None
 
     @property
     def is_pty(self) -> bool:
@@ -207,7 +210,8 @@ class ProcessManager:
             raise InvalidArgument(f"failed to start {config.cmd!r}: {exc.strerror}") from None
         except PermissionError as exc:
             raise InvalidArgument(f"failed to start {config.cmd!r}: {exc.strerror}") from None
-        proc = ManagedProcess(spawned.popen.pid, config, tag, spawned)
+        proc = ManagedProcess(spawned.popen.pid, config, tag, spawned,
+                              console=ConsoleTee() if tag == START_TAG else None)
         self._running[proc.pid] = proc
         self._watch(proc)
         return proc
@@ -243,6 +247,8 @@ class ProcessManager:
             data = b""
         if data:
             proc._publish(Output(stream, data))
+            if proc.console is not None:
+                proc.console.write(stream, data)
             return
         loop = asyncio.get_running_loop()
         loop.remove_reader(fd)
@@ -284,6 +290,8 @@ class ProcessManager:
             return
         proc.exit = ExitInfo.from_returncode(proc._reaped)
         proc.finished_at = time.monotonic()
+        if proc.console is not None:
+            proc.console.close()
         for fd in {proc.spawned.input_fd, proc.spawned.pty_master} - {None}:
             with contextlib.suppress(OSError):
                 os.close(fd)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ import asyncio
 
 from aenv.core.errors import FailedPrecondition
 from aenv.core.net import NetSlot
+from aenv.envd.process.console_tee import START_TAG
 from aenv.orchestrator.build_image import default_user
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
@@ -52,7 +53,7 @@ async def cold_start(
             async with EnvdProcesses(node.guests.transport(_slot(record)), _slot(record),
                                      record.envd_token) as processes:
                 await processes.start("/bin/bash", ["-l", "-c", start_cmd], user=user,
-                                      cwd=template.default_workdir)
+                                      cwd=template.default_workdir, tag=START_TAG)
         except BaseException:
             await asyncio.shield(kill(node, record.sandbox_id))
             raise
