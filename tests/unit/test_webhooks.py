@@ -90,3 +90,18 @@ async def test_a_private_destination_fails_at_once_and_failures_back_off(
     [d] = await hooks.outbox.deliveries(later.webhook_id, 10)
     assert d.status == FAILED and d.attempts >= 5
     await store.close()
+
+
+def test_a_spill_after_a_pause_is_not_a_second_pause() -> None:
+    from aenv.orchestrator.spill_events import SpillEvents
+    from aenv.orchestrator.webhooks import event_type
+
+    spills = SpillEvents()
+    steps = [("state:pausing", "running"), ("state:paused", "pausing"),  # the pause
+             ("state:pausing", "paused"), ("state:paused", "pausing"),  # its spill
+             ("state:resuming", "paused"), ("state:running", "resuming"),
+             ("state:pausing", "running"), ("state:paused", "pausing")]  # a second pause
+    told = [event_type(spills.kind("s1", kind, {"from": previous}), {"from": previous})
+            for kind, previous in steps]
+    assert [t for t in told if t] == ["sandbox.lifecycle.paused", "sandbox.lifecycle.resumed",
+                                      "sandbox.lifecycle.paused"]

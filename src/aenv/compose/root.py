@@ -61,6 +61,7 @@ from aenv.orchestrator.sandbox_logs import LogBook
 from aenv.orchestrator.secrets import Vault
 from aenv.orchestrator.settle import settle
 from aenv.orchestrator.spill import Spiller
+from aenv.orchestrator.spill_events import SpillEvents
 from aenv.orchestrator.supervisor import Supervisor
 from aenv.orchestrator.team_metrics import TeamMeter
 from aenv.orchestrator.team_quota import QuotaGate
@@ -187,15 +188,18 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
     )
     node.owners.settler = partial(settle, node)
     if settings.observe:
-        store.on_event = partial(_lifecycle_event, node)
+        store.on_event = partial(_lifecycle_event, node, SpillEvents())
     node.builder.attach(node)
     return _Assembled(node, pool, catalog)
 
 
-def _lifecycle_event(node: Node, *event: Any) -> None:
-    """Every lifecycle event of the store, to the sandbox's log and its team's webhooks."""
-    node.logbook.on_event(*event)
-    node.webhooks.on_event(*event)
+def _lifecycle_event(node: Node, spills: SpillEvents, sandbox_id: str, team_id: str | None,
+                     kind: str, detail: Any, record: Any = None) -> None:
+    """Every lifecycle event of the store, to the sandbox's log and its team's webhooks (a
+    spill's return to ``paused`` told from a pause)."""
+    kind = spills.kind(sandbox_id, kind, detail)
+    node.logbook.on_event(sandbox_id, team_id, kind, detail, record)
+    node.webhooks.on_event(sandbox_id, team_id, kind, detail, record)
 
 
 async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from aenv.core import telemetry
 from aenv.core.states import SandboxState
 from aenv.envd.process.console_tee import PREFIX as START_PREFIX
+from aenv.orchestrator.spill_events import SPILL_ENDED
 from aenv.store.sandbox_logs import LogRow, SandboxLogStore
 from aenv.store.sqlite import Store
 
@@ -64,6 +65,8 @@ def render(kind: str, detail: Any) -> tuple[str, str, dict[str, str]] | None:
         return "error", f"sandbox died: {reason}", {**fields, "reason": reason}
     if kind == "deleted":
         return "info", "sandbox killed", fields
+    if kind == SPILL_ENDED:
+        return "debug", "the paused sandbox's memory write to disk ended", fields
     if kind == "updated":
         what = str(detail.get("what", "configuration"))
         return "info", f"sandbox {what} updated", {**fields, "what": what}
