@@ -2,6 +2,9 @@
 
 Stateless; any number of replicas. What it does with a request:
 
+Creates, forks and resumes elsewhere are ``starts.py``'s; reads merged from every node are
+``fleet_metrics.py``'s and ``fleet_reads.py``'s; the gateway routes to them.
+
 * **Create** (``POST /sandboxes``, ``/v2/sandboxes``): asks a scheduler where
   (``POST /v1/placements``), sends the create to that node, commits the reservation and binds
   the new sandbox on a 201; cancels it otherwise. A node that answers 429 anyway (its own
@@ -49,8 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 import re
 import secrets
@@ -76,31 +77,29 @@ from aenv.cluster import (
     bindings,
     fleet_metrics,
     fleet_reads,
-    fork_spread,
     forward,
     reserve,
     telemetry,
 )
 from aenv.cluster.audit_store import RedisAuditStore
 from aenv.cluster.cache import Binding, ClusterCache
+from aenv.cluster.gateway_answers import OWN, own
 from aenv.cluster.keys import Keys
 from aenv.cluster.model import Health, NodeInfo
 from aenv.cluster.scheduler_client import SchedulerClient
+from aenv.cluster.starts import Starts, key_id
 from aenv.cluster.team_directory import RedisDirectory
-from aenv.cluster.team_rate import TeamRate
 from aenv.core.errors import Unavailable
 from aenv.core.settings import Settings
-from aenv.edge.errors import QUOTA_HEADER, error_body
+from aenv.edge.errors import error_body
 from aenv.edge.limits import BodyLimits, guard, is_upload
 from aenv.edge.request_ids import RequestIds
 from aenv.orchestrator.audit import AuditTrail
 from aenv.orchestrator.tenancy import digest_of, presented
 from aenv.proxy import errors as proxy_errors
 from aenv.proxy.routing import Target, route
-from aenv.store.models import AuditEntry, TeamRow
+from aenv.store.models import AuditEntry
 
-#: Placements tried for one create before the gateway gives up with the node's 429.
-CREATE_ATTEMPTS = 3
 _BY_ID = re.compile(r"^/(?:v\d+/)?sandboxes/([a-z0-9]{8,64})(?:/|$)")
 _NOT_IDS = frozenset({"metrics"})
 _LIST_PATHS = frozenset({"/sandboxes", "/v2/sandboxes"})
@@ -120,7 +119,8 @@ class Gateway:
         self.scheduler = SchedulerClient(self.http, scheduler_url)
         self.cache = ClusterCache(redis, self.keys)
         self.directory = RedisDirectory(redis, self.keys)
-        self.rate = TeamRate(redis, self.keys)
+        self.starts = Starts(self.http, self.scheduler, redis, self.keys, self.cache,
+                             self._bind)
         #: Its own refusals, into the cluster's one log (docs/audit.md), bounded as a node's.
         self.audit = AuditTrail(RedisAuditStore(redis, AUDIT_KEEP, self.keys), AUDIT_KEEP)
 
@@ -135,11 +135,11 @@ class Gateway:
         try:
             answer = await self._handle(request)
         except RedisError as exc:
-            answer = _own(503, f"the cluster's state store cannot be reached: {exc}",
-                          {"Retry-After": "1"})
+            answer = own(503, f"the cluster's state store cannot be reached: {exc}",
+                         {"Retry-After": "1"})
         except Unavailable as exc:
-            answer = _own(503, exc.message, {"Retry-After": "1"})
-        if getattr(answer, _OWN, False) and request.method in _AUDITED:
+            answer = own(503, exc.message, {"Retry-After": "1"})
+        if getattr(answer, OWN, False) and request.method in _AUDITED:
             self._audit(request, answer.status_code)
         name = "sandbox_traffic" if isinstance(route(request.scope), Target) \
             else telemetry.route_of(request.method, request.url.path)
@@ -163,7 +163,7 @@ class Gateway:
     async def _handle(self, request: Request) -> Response:
         target = route(request.scope)
         if isinstance(target, str):
-            return _own(400, target)
+            return own(400, target)
         if isinstance(target, Target):
             return await self._to_sandbox(request, target.sandbox_id, proxied=True)
         path = request.url.path
@@ -178,9 +178,9 @@ class Gateway:
             # The dashboard's static page (api/dashboard.py): no key; its API calls carry one.
             return await self._to_any(request)
         if not await self._authorized(request):
-            return _own(401, "missing or invalid X-API-KEY")
+            return own(401, "missing or invalid X-API-KEY")
         if path in _LIST_PATHS and request.method == "POST":
-            return await self._create(request)
+            return await self.starts.create(request)
         if path in _LIST_PATHS and request.method == "GET":
             return await self._list(request)
         if request.method == "GET" and (path == "/sandboxes/metrics"
@@ -190,13 +190,13 @@ class Gateway:
             return await self._from_every_node(request)
         fork = _FORK.match(path)
         if fork and request.method == "POST":
-            return await self._fork(request, fork.group(1))
+            return await self.starts.fork(request, fork.group(1), self._to_sandbox)
         match = _BY_ID.match(path)
         if match and match.group(1) not in _NOT_IDS:
             answer = await self._to_sandbox(request, match.group(1))
             if request.method == "DELETE" and answer.status_code in (204, 404):
                 await bindings.unbind(self.redis, self.keys, match.group(1))
-                await reserve.forget(self.redis, self.keys, _key_id(request), match.group(1))
+                await reserve.forget(self.redis, self.keys, key_id(request), match.group(1))
                 self.cache.forget(match.group(1))
             return answer
         return await self._to_any(request)
@@ -209,7 +209,7 @@ class Gateway:
             given = bearer[7:].strip() if bearer.lower().startswith("bearer ") \
                 else request.headers.get("x-api-key", "")
             if not secrets.compare_digest(given.encode(), self.api_key.encode()):
-                return _own(401, "/metrics needs the cluster key")
+                return own(401, "/metrics needs the cluster key")
         return Response(generate_latest(telemetry.GATEWAY), media_type=CONTENT_TYPE_LATEST)
 
     async def _authorized(self, request: Request) -> bool:
@@ -254,7 +254,7 @@ class Gateway:
         if bound is None:
             if proxied:
                 return proxy_errors.sandbox_not_found(sandbox_id)
-            return _own(404, f"sandbox {sandbox_id} not found")
+            return own(404, f"sandbox {sandbox_id} not found")
         resume = request.method == "POST" and _RESUME.match(request.url.path) is not None
         body = await request.body() if resume else None
         answer = await self._to_bound(request, sandbox_id, bound, body)
@@ -277,110 +277,24 @@ class Gateway:
         resume = body is not None
         if node is None or health is Health.LOST or (resume and health is Health.DRAINING):
             if resume:
-                return await self._resume_elsewhere(request, sandbox_id, bound)
-            return _own(503, f"sandbox {sandbox_id} was on node {bound[0]}, which is lost")
+                return await self.starts.resume_elsewhere(request, sandbox_id, bound)
+            return own(503, f"sandbox {sandbox_id} was on node {bound[0]}, which is lost")
         if health is Health.SUSPECT:
             # A hung node accepts connections and answers nothing: no call may wait on it.
-            return _own(503, f"sandbox {sandbox_id} is on node {node.node_id}, which has not "
-                                   "sent a heartbeat for a while; try again", {"Retry-After": "2"})
+            return own(503, f"sandbox {sandbox_id} is on node {node.node_id}, which has not "
+                            "sent a heartbeat for a while; try again", {"Retry-After": "2"})
         try:
             return await forward.send(self.http, request, node.address, body=body)
         except httpx.ConnectError:
             # Nothing listens there (the node died): a paused sandbox it published to the
             # shared repository can resume on another node.
             if resume:
-                return await self._resume_elsewhere(request, sandbox_id, bound, body)
-            return _own(503, f"sandbox {sandbox_id} is on node {node.node_id}, which does "
-                                   "not accept connections")
+                return await self.starts.resume_elsewhere(request, sandbox_id, bound, body)
+            return own(503, f"sandbox {sandbox_id} is on node {node.node_id}, which does "
+                            "not accept connections")
         except httpx.TransportError as exc:
-            return _own(503, f"sandbox {sandbox_id} is on node {node.node_id}, which cannot "
-                                   f"be reached: {type(exc).__name__}")
-
-    async def _starts_refused(self, request: Request, count: int) -> Response | None:
-        """The team's ``startsPerSecond`` across the cluster (``team_rate.py``): a 429 when
-        ``count`` more starts this second would pass it, else None (counted)."""
-        team: TeamRow | None = getattr(request.state, "team", None)
-        rate = (team.quota or {}).get("startsPerSecond") if team is not None else None
-        if team is None or not rate or await self.rate.take(team.team_id, float(rate), count):
-            return None
-        return _own(429, f"team {team.name} starts at most {rate} sandboxes a second "
-                         "across the cluster", {"Retry-After": "1"})
-
-    async def _fork(self, request: Request, parent_id: str) -> Response:
-        """The parent's node forks what fits; the rest go to other nodes (``fork_spread``)."""
-        refused = await self._starts_refused(request, _fork_count(await request.body()))
-        if refused is not None:
-            return refused
-        bound, _ = await self.cache.binding(parent_id)
-        nodes, now = await self._nodes()
-        node = next((n for n in nodes if bound and n.node_id == bound[0]), None)
-        if bound is None or node is None or node.health(now) is not Health.READY:
-            return await self._to_sandbox(request, parent_id)
-        body = await request.body()
-        headers = forward.request_headers(request)
-        try:
-            sent = await self.http.post(node.address + request.url.path, content=body,
-                                        headers=headers)
-        except httpx.TransportError as exc:
-            return _own(503, f"sandbox {parent_id} is on node {node.node_id}, which cannot "
-                                   f"be reached: {type(exc).__name__}")
-        if sent.status_code != 201:
-            return Response(sent.content, status_code=sent.status_code,
-                            media_type="application/json")
-        try:
-            wanted = json.loads(body or b"{}")
-            timeout = wanted.get("timeout") if isinstance(wanted, dict) else None
-        except ValueError:
-            timeout = None
-        # Each child's create is its own: a key the fork came with would make a node replay
-        # its first child for the next (``api/idempotency.py``).
-        send_headers = [(k, v) for k, v in headers
-                        if k.lower() not in ("content-length", "idempotency-key")]
-
-        async def send(method: str, base: str, path: str, payload: object) -> httpx.Response:
-            return await self.http.request(method, base.rstrip("/") + path, json=payload,
-                                           headers=send_headers)
-
-        entries = sent.json()
-        key = _key_id(request)
-        for entry in entries:
-            child = entry.get("sandbox") or {}
-            if child.get("sandboxID"):
-                await self._bind(child["sandboxID"], node.node_id, 1)
-                # Made by the parent's node without a reservation: counted here.
-                await reserve.count(self.redis, self.keys, key, child["sandboxID"])
-        entries, made = await fork_spread.spread(
-            send, self.scheduler, parent_id=parent_id,
-            parent_node=(node.node_id, node.address), entries=entries,
-            timeout=timeout if isinstance(timeout, int) else None, key=key)
-        for child_id, child_node in made:
-            await self._bind(child_id, child_node, 1)
-        return JSONResponse(entries, status_code=201)
-
-    async def _resume_elsewhere(self, request: Request, sandbox_id: str,
-                                bound: tuple[str, int], body: bytes | None = None) -> Response:
-        """Resume ``sandbox_id`` on another node (its node is gone): a placement with the
-        old node excluded, the resume sent there (the node adopts the sandbox from the
-        shared repository), then the binding moved with the next fencing token."""
-        body = body if body is not None else await request.body()
-        placed = await self.scheduler.place(origin=bound[0], exclude=[bound[0]])
-        if isinstance(placed, Response):
-            return placed
-        [placement] = placed
-        try:
-            sent = await self.http.post(
-                placement["address"].rstrip("/") + request.url.path, params=request.url.query,
-                content=body, headers=forward.request_headers(request))
-        except httpx.TransportError as exc:
-            await self.scheduler.settle(placement["reservationID"], commit=False)
-            return _own(503, f"sandbox {sandbox_id}'s node is gone and node "
-                                   f"{placement['nodeID']} cannot be reached: {type(exc).__name__}")
-        ok = sent.status_code in (200, 201)
-        await self.scheduler.settle(placement["reservationID"], commit=ok)
-        if ok and not await self._bind(sandbox_id, placement["nodeID"], bound[1] + 1):
-            log.warning("sandbox %s was moved by another gateway at the same time", sandbox_id)
-        return Response(sent.content, status_code=sent.status_code, headers={
-            k: v for k, v in sent.headers.items() if k.lower() in ("content-type",)})
+            return own(503, f"sandbox {sandbox_id} is on node {node.node_id}, which cannot "
+                            f"be reached: {type(exc).__name__}")
 
     async def _from_every_node(self, request: Request) -> Response:
         """Many sandboxes' metrics, or a team's (``fleet_metrics``), a sandbox's logs or a
@@ -406,62 +320,14 @@ class Gateway:
             try:
                 return await forward.forward(self.http, request, ready[0].address)
             except httpx.TransportError:
-                return _own(503, f"node {ready[0].node_id} cannot be reached")
+                return own(503, f"node {ready[0].node_id} cannot be reached")
         body = await request.body()
         for node in ready:
             try:
                 return await forward.forward(self.http, request, node.address, body=body)
             except httpx.TransportError:
                 continue
-        return _own(503, "no node of the cluster is reachable")
-
-    # -- create -----------------------------------------------------------------------------
-
-    async def _create(self, request: Request) -> Response:
-        refused = await self._starts_refused(request, 1)
-        if refused is not None:
-            return refused
-        body = await request.body()
-        try:
-            wanted = json.loads(body or b"{}")
-        except ValueError:
-            wanted = None  # the node answers the malformed body with its own 400
-        template, volumes = _placement_fields(wanted)
-        exclude: list[str] = []
-        answer: Response | None = None
-        for _ in range(CREATE_ATTEMPTS):
-            placed = await self.scheduler.place(templateID=template, exclude=exclude,
-                                                key=_key_id(request), volumes=volumes)
-            if isinstance(placed, Response):
-                return _mark_own(placed)  # the scheduler's refusal (a quota, no room)
-            [placement] = placed
-            reservation = placement["reservationID"]
-            try:
-                sent = await self.http.post(
-                    placement["address"].rstrip("/") + request.url.path,
-                    params=request.url.query, content=body,
-                    headers=forward.request_headers(request))
-            except httpx.TransportError:
-                await self.scheduler.settle(reservation, commit=False)
-                exclude.append(placement["nodeID"])
-                continue
-            answer = Response(sent.content, status_code=sent.status_code, headers={
-                k: v for k, v in sent.headers.items()
-                if k.lower() in ("content-type", "retry-after")})
-            if sent.status_code == 201:
-                sandbox_id = str(sent.json().get("sandboxID", ""))
-                await self.scheduler.settle(reservation, commit=True,
-                                            sandbox_ids=[sandbox_id] if sandbox_id else [])
-                if sandbox_id:
-                    await self._bind(sandbox_id, placement["nodeID"], 1)
-                return answer
-            await self.scheduler.settle(reservation, commit=False)
-            if sent.status_code != 429 or sent.headers.get(QUOTA_HEADER):
-                return answer  # a team's quota: every node would answer the same
-            exclude.append(placement["nodeID"])
-        if answer is None:
-            return _own(503, "no node of the cluster could be reached for the create")
-        return answer
+        return own(503, "no node of the cluster is reachable")
 
     # -- list -------------------------------------------------------------------------------
 
@@ -496,16 +362,6 @@ class Gateway:
         return JSONResponse(items, headers=headers)
 
 
-def _key_id(request: Request) -> str:
-    """What the caller's quota is counted under: its team (the hex of its id), or in a
-    cluster without keys a hash of what it sent (never the key itself)."""
-    team: TeamRow | None = getattr(request.state, "team", None)
-    if team is not None:
-        return team.team_id.replace("-", "")
-    given = request.headers.get("x-api-key", "")
-    return hashlib.sha256(given.encode()).hexdigest()[:16]
-
-
 def _order(item: dict[str, object]) -> tuple[float, str]:
     started = datetime.fromisoformat(str(item["startedAt"]).replace("Z", "+00:00"))
     return started.timestamp(), str(item["sandboxID"])
@@ -535,19 +391,6 @@ class _Limited:
 AUDIT_KEEP = Settings.model_fields["audit_max_entries"].default
 #: The methods whose refusals are audited (a node audits every changing request it answers).
 _AUDITED = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-_OWN = "answered_by_gateway"
-
-
-def _mark_own(answer: Response) -> Response:
-    setattr(answer, _OWN, True)
-    return answer
-
-
-def _own(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    """An answer of the gateway's own (not a node's), in E2B's body."""
-    return _mark_own(error_body(status, message, headers))
-
-
 def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
                keys: Keys | None = None, limits: BodyLimits | None = None) -> ASGIApp:
     """The gateway's ASGI app; ``limits``: the nodes' (None: the defaults)."""
@@ -574,25 +417,3 @@ def create_app(redis: Redis, scheduler_url: str, api_key: str | None,
     app = Starlette(routes=[Route("/{path:path}", gateway.handle, methods=methods)],
                     lifespan=lifespan, exception_handlers={HTTPException: http_error})
     return RequestIds(_Limited(app, limits or BodyLimits()))
-
-
-def _fork_count(body: bytes) -> int:
-    """A fork's children (E2B's ``count``, 1 by default); malformed counts as one (the node
-    answers it)."""
-    try:
-        wanted = json.loads(body or b"{}")
-    except ValueError:
-        return 1
-    count = wanted.get("count", 1) if isinstance(wanted, dict) else 1
-    return count if isinstance(count, int) and 1 <= count <= 1024 else 1
-
-
-def _placement_fields(body: object) -> tuple[str, list[str]]:
-    """A create body's template and the names of the volumes it mounts (what placement
-    prefers nodes by); whatever is malformed counts as absent (the node answers it)."""
-    if not isinstance(body, dict):
-        return "", []
-    mounts = body.get("volumeMounts")
-    names = sorted({str(m["name"]) for m in mounts if isinstance(m, dict) and m.get("name")}
-                   ) if isinstance(mounts, list) else []
-    return str(body.get("templateID") or ""), names[:64]
