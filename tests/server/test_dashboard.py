@@ -57,6 +57,9 @@ assert CHROMIUM and CHROMEDRIVER, "needs Debian's chromium and chromium-driver"
 SCALE = int(os.environ.get("AENV_TEST_DASHBOARD_SCALE", "110"))
 #: The first page must be in the DOM this soon after the click (ms, measured by the page).
 FIRST_PAGE_MS = 1000.0
+#: Creates in flight at once for the scale test: more made the node's 30 s wait for a fake
+#: guest's envd run out at about a thousand sandboxes (every one of them probed meanwhile).
+CREATING = 6
 
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -414,8 +417,8 @@ def test_sign_in_list_open_act_and_kill(node: NodeServer,
 
 async def _create_many(url: str, count: int) -> list[str]:
     async with httpx.AsyncClient(base_url=url, headers={"X-API-KEY": API_KEY}, timeout=300,
-                                 limits=httpx.Limits(max_connections=16)) as client:
-        gate = asyncio.Semaphore(16)
+                                 limits=httpx.Limits(max_connections=CREATING)) as client:
+        gate = asyncio.Semaphore(CREATING)
 
         async def one(i: int) -> str:
             async with gate:
