@@ -38,6 +38,14 @@ async def test_a_slot_has_the_shared_addresses_and_its_own_route(pool: SlotPool)
     assert route["dev"] == slot.host_ifname and route["gateway"] == GUEST_IP
     table = await nft.read_table()
     assert table is not None and table.slots[slot.index] == slot.host_ifname
+    # Each side's neighbour is written, permanent (the kernel's one table holds no learned
+    # entries of slots, which overflowed it at ~500 sandboxes).
+    [guest_neigh] = _ip_json("-n", slot.netns, "neigh", "show", "dev", "eth0")
+    assert guest_neigh["dst"] == GATEWAY_IP and guest_neigh["lladdr"] == host["address"]
+    assert guest_neigh["state"] == ["PERMANENT"]
+    [host_neigh] = _ip_json("neigh", "show", "dev", slot.host_ifname)
+    assert host_neigh["dst"] == GUEST_IP and host_neigh["lladdr"] == GUEST_MAC
+    assert host_neigh["state"] == ["PERMANENT"]
 
     await pool.release(slot)
     assert not Path(f"/sys/class/net/{slot.host_ifname}").exists()

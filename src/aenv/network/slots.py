@@ -134,20 +134,31 @@ async def create(index: int, *, return_ip: str) -> NetSlot:
             f"addr add {GATEWAY_IP}/{PREFIX_LEN} dev {slot.host_ifname}",
             f"link set {slot.host_ifname} up",
             f"route add {return_ip}/32 via {GUEST_IP} dev {slot.host_ifname}",
+            # Each side's one neighbour is known: written as permanent, it is never resolved
+            # nor collected, and does not count against the kernel's neighbour table, which
+            # is one for every namespace (gc_thresh3, 1,024 here): at ~500 slots with learned
+            # entries on both sides the table overflowed and new sandboxes went unreachable.
+            f"neigh replace {GUEST_IP} lladdr {GUEST_MAC} dev {slot.host_ifname} nud permanent",
         ]
     )
-    guest_side = "\n".join(
-        [
-            f"link set {slot.guest_ifname} addrgenmode none",
-            f"addr add {GUEST_IP}/{PREFIX_LEN} dev {slot.guest_ifname}",
-            f"link set {slot.guest_ifname} up",
-            "link set lo up",
-            f"route add default via {GATEWAY_IP} dev {slot.guest_ifname}",
-        ]
-    )
+
+    def guest_side(host_mac: str) -> str:
+        return "\n".join(
+            [
+                f"link set {slot.guest_ifname} addrgenmode none",
+                f"addr add {GUEST_IP}/{PREFIX_LEN} dev {slot.guest_ifname}",
+                f"link set {slot.guest_ifname} up",
+                "link set lo up",
+                f"route add default via {GATEWAY_IP} dev {slot.guest_ifname}",
+                f"neigh replace {GATEWAY_IP} lladdr {host_mac} dev {slot.guest_ifname}"
+                " nud permanent",
+            ]
+        )
+
     try:
         await _ip(["ip", "-batch", "-"], host_side)
-        await _ip(["ip", "-n", slot.netns, "-batch", "-"], guest_side)
+        host_mac = (SYS_NET / slot.host_ifname / "address").read_text().strip()
+        await _ip(["ip", "-n", slot.netns, "-batch", "-"], guest_side(host_mac))
         _write_sysctl(PROC_SYS / "ipv6" / "conf" / slot.host_ifname / "disable_ipv6", "1")
     except BaseException:
         try:
