@@ -33,6 +33,7 @@ async def test_a_slot_has_the_shared_addresses_and_its_own_route(pool: SlotPool)
     assert [a["local"] for a in guest["addr_info"]] == [GUEST_IP]  # type: ignore[index,union-attr]
     assert _ip_json("-n", slot.netns, "route", "show", "default")[0]["gateway"] == GATEWAY_IP
     host = _ip_json("addr", "show", slot.host_ifname)[0]
+    assert host["address"] == slots.host_mac(slot.index)
     assert [a["local"] for a in host["addr_info"]] == [GATEWAY_IP]  # type: ignore[index,union-attr]
     route = _ip_json("route", "show", pool.return_ip(slot))[0]
     assert route["dev"] == slot.host_ifname and route["gateway"] == GUEST_IP

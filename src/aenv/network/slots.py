@@ -57,6 +57,13 @@ def host_ifname(index: int) -> str:
     return f"{HOST_IF_PREFIX}{index}"
 
 
+def host_mac(index: int) -> str:
+    """The host end's MAC: locally administered, one per slot (written, not random, so each
+    side's neighbour entry is known before anything is created)."""
+    check_index(index)
+    return f"02:ae:00:00:{index >> 8:02x}:{index & 0xFF:02x}"
+
+
 def check_index(index: int) -> None:
     if not MIN_INDEX <= index <= MAX_INDEX:
         raise InvalidArgument(f"slot index {index} outside {MIN_INDEX}..{MAX_INDEX}")
@@ -127,8 +134,8 @@ async def create(index: int, *, return_ip: str) -> NetSlot:
     host_side = "\n".join(
         [
             f"netns add {slot.netns}",
-            f"link add {slot.host_ifname} type veth peer name {slot.guest_ifname}"
-            f" address {GUEST_MAC} netns {slot.netns}",
+            f"link add {slot.host_ifname} address {host_mac(index)} type veth"
+            f" peer name {slot.guest_ifname} address {GUEST_MAC} netns {slot.netns}",
             # No IPv6 link-local address: sandboxes have no IPv6 and the host veth needs none.
             f"link set {slot.host_ifname} addrgenmode none",
             f"addr add {GATEWAY_IP}/{PREFIX_LEN} dev {slot.host_ifname}",
@@ -141,24 +148,21 @@ async def create(index: int, *, return_ip: str) -> NetSlot:
             f"neigh replace {GUEST_IP} lladdr {GUEST_MAC} dev {slot.host_ifname} nud permanent",
         ]
     )
-
-    def guest_side(host_mac: str) -> str:
-        return "\n".join(
-            [
-                f"link set {slot.guest_ifname} addrgenmode none",
-                f"addr add {GUEST_IP}/{PREFIX_LEN} dev {slot.guest_ifname}",
-                f"link set {slot.guest_ifname} up",
-                "link set lo up",
-                f"route add default via {GATEWAY_IP} dev {slot.guest_ifname}",
-                f"neigh replace {GATEWAY_IP} lladdr {host_mac} dev {slot.guest_ifname}"
-                " nud permanent",
-            ]
-        )
+    guest_side = "\n".join(
+        [
+            f"link set {slot.guest_ifname} addrgenmode none",
+            f"addr add {GUEST_IP}/{PREFIX_LEN} dev {slot.guest_ifname}",
+            f"link set {slot.guest_ifname} up",
+            "link set lo up",
+            f"route add default via {GATEWAY_IP} dev {slot.guest_ifname}",
+            f"neigh replace {GATEWAY_IP} lladdr {host_mac(index)} dev {slot.guest_ifname}"
+            " nud permanent",
+        ]
+    )
 
     try:
         await _ip(["ip", "-batch", "-"], host_side)
-        host_mac = (SYS_NET / slot.host_ifname / "address").read_text().strip()
-        await _ip(["ip", "-n", slot.netns, "-batch", "-"], guest_side(host_mac))
+        await _ip(["ip", "-n", slot.netns, "-batch", "-"], guest_side)
         _write_sysctl(PROC_SYS / "ipv6" / "conf" / slot.host_ifname / "disable_ipv6", "1")
     except BaseException:
         try:
