@@ -8,7 +8,7 @@ SYSTEM_STAMP := /var/lib/aenv-dev/.system-deps
 GEN := src/aenv/envd/gen
 PYTEST_ARGS ?=
 # make test: the suite as TEST_SHARDS pytest processes side by side (tests/shards.py).
-export TEST_SHARDS ?= 4
+export TEST_SHARDS ?= 3
 
 .PHONY: run run-envd test bench lint gen deps system-deps bundle clean
 

@@ -2,8 +2,8 @@
 
 The suite mostly waits (sandboxes starting, kills the host reaps slowly, crash-and-restart
 cycles): one process keeps this 2-core machine ~20 % busy and takes ~40 min. Here it runs as
-``--shards`` pytest processes at once (default 4: three left the machine idle half the time,
-and the suite over its 30 minutes), each on a share of the test files:
+``--shards`` pytest processes at once (default 3; four were slower here: the suite is
+CPU-bound at three, 1,851 s against 1,737 s), each on a share of the test files:
 
 - **Prepare first**, in this process: the envd bundle and one node start and stop, so the base
   template's layers (``AENV_LAYERS_DIR``) and memory image (the harness' seed) exist before
@@ -50,8 +50,8 @@ LOGS = REPO / "build" / "test-logs"
 ALONE = ("tests/network", "tests/runtime", "tests/storage/test_pool_trim.py")
 #: The seconds a test file with no recorded duration is assumed to take.
 UNKNOWN_S = 20.0
-#: Slot blocks of 10,000 from here, one per shard (tests/server/harness.py); four end at
-#: 60,000, below tests/network's 61,000.
+#: Slot blocks of 10,000 from here, one per shard (tests/server/harness.py); up to four end
+#: at 60,000, below tests/network's 61,000.
 SLOT_BASE = 20_000
 
 
@@ -158,7 +158,7 @@ def _sharded(args: list[str]) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, default=int(os.environ.get("TEST_SHARDS", "4")))
+    parser.add_argument("--shards", type=int, default=int(os.environ.get("TEST_SHARDS", "3")))
     known, pytest_args = parser.parse_known_args()
     if known.shards <= 1 or not _sharded(pytest_args):
         return subprocess.call([sys.executable, "-m", "pytest", *pytest_args], cwd=REPO)

@@ -105,3 +105,33 @@ def test_a_spill_after_a_pause_is_not_a_second_pause() -> None:
             for kind, previous in steps]
     assert [t for t in told if t] == ["sandbox.lifecycle.paused", "sandbox.lifecycle.resumed",
                                       "sandbox.lifecycle.paused"]
+
+
+async def test_events_wait_while_the_webhooks_cannot_be_read(tmp_path: Path) -> None:
+    from aenv.core.errors import Unavailable
+    from aenv.store.webhooks import WebhookRow
+
+    class Away(WebhookStore):
+        away = False
+
+        async def of_team(self, team_id: str) -> list[WebhookRow]:
+            if self.away:
+                raise Unavailable("the cluster's webhooks cannot be reached")
+            return await super().of_team(team_id)
+
+    store = await Store.open(tmp_path / "state.db")
+    defs = Away(store.db)
+    hooks = Webhooks(defs, WebhookStore(store.db), Vault(SecretStore(store.db), KEY),
+                     lambda: "t")
+    made = await hooks.create("t", name="w", url="http://192.0.2.1:9/x", enabled=True,
+                              events=None, secret=None)
+    defs.away = True
+    hooks.on_event("s1", "t", "state:running", {"from": "creating"})
+    with pytest.raises(Unavailable):
+        await hooks.flush()
+    assert await hooks.outbox.deliveries(made.webhook_id, 10) == []
+    defs.away = False
+    await hooks.flush()  # the event was kept for the next pass
+    [d] = await hooks.outbox.deliveries(made.webhook_id, 10)
+    assert d.event_type == "sandbox.lifecycle.created"
+    await store.close()

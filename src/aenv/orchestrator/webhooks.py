@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from aenv.core.errors import InvalidArgument, NotFound
+from aenv.core.errors import AenvError, InvalidArgument, NotFound
 from aenv.core.states import SandboxState
 from aenv.orchestrator.secrets import Vault
 from aenv.store.models import SandboxRecord
@@ -205,18 +205,18 @@ class Webhooks:
         events, self._queued = self._queued, []
         hooks: dict[str, list[WebhookRow]] = {}
         out: list[DeliveryRow] = []
-        for event in events:
-            team = event.team_id or self.default_team()
-            if team not in hooks:
-                hooks[team] = await self.defs.of_team(team)
-            body = json.dumps(self._payload(event, team), separators=(",", ":"))
-            out += [DeliveryRow(str(uuid.uuid4()), hook.webhook_id, event.event_id, event.type,
-                                body, PENDING, 0, event.at, event.at)
-                    for hook in hooks[team] if hook.enabled and event.type in hook.events]
         try:
+            for event in events:
+                team = event.team_id or self.default_team()
+                if team not in hooks:
+                    hooks[team] = await self.defs.of_team(team)
+                body = json.dumps(self._payload(event, team), separators=(",", ":"))
+                out += [DeliveryRow(str(uuid.uuid4()), hook.webhook_id, event.event_id,
+                                    event.type, body, PENDING, 0, event.at, event.at)
+                        for hook in hooks[team] if hook.enabled and event.type in hook.events]
             await self.outbox.enqueue(out)
         except BaseException:
-            self._queued[:0] = events
+            self._queued[:0] = events  # the webhooks or the outbox were away: next pass
             raise
 
     def _payload(self, event: _Event, team: str) -> dict[str, Any]:
@@ -252,6 +252,10 @@ class Webhooks:
                         await self.outbox.drop_done_before(swept - KEEP_DONE_S)
                 except asyncio.CancelledError:
                     raise
+                except AenvError as exc:
+                    # The cluster's Redis away (Unavailable): the events stay queued.
+                    log.warning("webhooks: a pass failed (%s); the next one retries",
+                                exc.message)
                 except Exception:
                     log.exception("webhooks: a pass failed; the next one retries")
                 nxt = await self.outbox.next_due()
