@@ -40,7 +40,7 @@ from bench.cli_args import apply_quick, warn_if_loaded
 from bench.header import arg_strings, loadavg, measured_on
 from bench.lifecycle.bare import BareEnvd, rm_image
 from bench.lifecycle.common import kill_all, log, run_true
-from bench.lifecycle.fork import bare_fork
+from bench.lifecycle.fork import bare_fork, fork_phases
 from bench.lifecycle.node import LifecycleNode, start_node, stop_lifecycle_node
 from bench.node_bench.common import ms_since
 from bench.node_bench.node import sweep_slots
@@ -55,7 +55,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _wave(node: LifecycleNode, parent: Any) -> dict[str, float]:
+def _wave(node: LifecycleNode, parent: Any) -> dict[str, Any]:
     """One fork x16 until every child answered; its children killed after (untimed)."""
     start = time.perf_counter()
     children = parent.fork(count=FORK_COUNT, timeout=600, request_timeout=300)
@@ -72,11 +72,12 @@ def _wave(node: LifecycleNode, parent: Any) -> dict[str, float]:
         pre = sum(int(created.get(k.sandbox_id, {}).get("from_precreated", 0)) for k in kids)
     finally:
         kill_all(kids)
-    return {"call_ms": call_ms, "all_ms": all_ms, "precreated": pre}
+    return {"call_ms": call_ms, "all_ms": all_ms, "precreated": pre,
+            "children": [k.sandbox_id for k in kids]}
 
 
 def _waves(node: LifecycleNode, parent: Any, waves: int, gap_s: float, name: str
-           ) -> list[dict[str, float]]:
+           ) -> list[dict[str, Any]]:
     out = []
     for i in range(waves):
         if i and gap_s:
@@ -90,10 +91,22 @@ def _waves(node: LifecycleNode, parent: Any, waves: int, gap_s: float, name: str
 
 
 def _burst(node: LifecycleNode, count: int) -> dict[str, float]:
-    """``count`` creates at once, each until its first command answered."""
+    """``count`` creates at once, each until its first command answered. The node's
+    admission answers what it cannot queue with 429 and a ``retry in`` hint; each create is
+    tried again after it, as a client that wants all of them does (counted)."""
+    from e2b.exceptions import RateLimitException
+
+    refused = [0]
+
     def one(_: int) -> tuple[Any, float]:
         began = time.perf_counter()
-        sandbox = node.create()
+        while True:
+            try:
+                sandbox = node.create()
+                break
+            except RateLimitException:
+                refused[0] += 1
+                time.sleep(0.25)
         run_true(sandbox)
         return sandbox, ms_since(began)
 
@@ -103,7 +116,8 @@ def _burst(node: LifecycleNode, count: int) -> dict[str, float]:
     all_ms = ms_since(start)
     kill_all([s for s, _ in made])
     each = [ms for _, ms in made]
-    return {"all_ms": all_ms, "p50_ms": _pct(each, 0.5), "p95_ms": _pct(each, 0.95)}
+    return {"all_ms": all_ms, "p50_ms": _pct(each, 0.5), "p95_ms": _pct(each, 0.95),
+            "refused_429": refused[0]}
 
 
 def _bare_burst(bare: BareEnvd, template: Path, count: int) -> float:
@@ -121,7 +135,7 @@ def _bare_burst(bare: BareEnvd, template: Path, count: int) -> float:
     return all_ms
 
 
-def _summary(waves: list[dict[str, float]]) -> dict[str, float]:
+def _summary(waves: list[dict[str, Any]]) -> dict[str, float]:
     times = [w["all_ms"] for w in waves]
     return {"p50_ms": _pct(times, 0.5), "p95_ms": _pct(times, 0.95), "max_ms": max(times),
             "mean_precreated": statistics.fmean(w["precreated"] for w in waves)}
@@ -179,6 +193,8 @@ def main() -> None:
         log(f"  burst of {args.burst}: {burst['all_ms']:.0f} ms (bare {bare_burst:.0f} ms)")
         bare_p50 = statistics.median(bare_all)
         result.update({
+            # Where a child's time goes (the node's "created" phases), over every wave.
+            "child_phases": fork_phases(node, [w.pop("children") for w in paced + back]),
             "paced": {"gap_s": args.gap, "waves": paced, **_summary(paced)},
             "back_to_back": {"waves": back, **_summary(back),
                              "ratio_to_bare_p50": round(_summary(back)["p50_ms"] / bare_p50,

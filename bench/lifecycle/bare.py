@@ -111,7 +111,12 @@ class BareEnvd:
             envd_args=("--user", "user", "--workdir", "/home/user"),
         )
         slot = NetSlot(0, "none", "/nonexistent", "none", "none")
-        config = oci.sandbox_config(spec, slot, cgroups_path=f"/{BARE_CGROUP}/{cid}")
+        # The envd bundle has volume slots: unused ones are bound to an empty directory (the
+        # node's is a read-only tmpfs, runtime/slot_filler.py; nothing writes to it here).
+        filler = self.dir / "slot-filler"
+        filler.mkdir(exist_ok=True)
+        config = oci.sandbox_config(spec, slot, cgroups_path=f"/{BARE_CGROUP}/{cid}",
+                                    slot_filler=filler)
         config["linux"]["namespaces"] = [
             ns for ns in config["linux"]["namespaces"] if ns["type"] != "network"
         ]
