@@ -181,3 +181,15 @@ async def test_redis_down_leaves_each_node_its_own_limits(
                 pass
     await down.aclose()
     assert len([m for m in seen if "cannot be reached" in m]) == 1, seen
+
+
+async def test_a_publication_of_the_same_millisecond_replaces_the_one_held(
+        redis: Redis, keys: Keys) -> None:
+    await _beat(redis, keys, "n0")
+    ledger = ClusterTeamUsage(redis, keys, "n0")
+    at = await now_ms(redis)
+    await ledger.publish("t", Usage.of([_record(1, "t"), _record(2, "t")]), at)
+    await ledger.publish("t", Usage.of([_record(1, "t")]), at)  # a kill, the same ms
+    await ledger.hold("t", Quota(max_sandboxes=2), Usage(1, MEMORY, DISK))
+    await ledger.publish("t", Usage.of([_record(1, "t"), _record(2, "t")]), at - 1)  # stale
+    await ledger.hold("t", Quota(max_sandboxes=3), Usage(1, MEMORY, DISK))

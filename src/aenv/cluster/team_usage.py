@@ -71,7 +71,10 @@ return {1}
 
 # KEYS: the node's usage hash, a team's holds (any key when nothing is released). ARGV: the
 # stamp, the hold to release ('' none), '1' if the teams given are all the node's (any other
-# is dropped), then (team, sandboxes, MB of memory, MB of disk) repeated.
+# is dropped), then (team, sandboxes, MB of memory, MB of disk) repeated. A publication
+# stamped in the same millisecond as the one held replaces it: it listed the store later (a
+# kill's publication right after a start's was dropped, and its room freed only at the
+# next heartbeat).
 _PUBLISH = """
 local usage, held = KEYS[1], KEYS[2]
 local measured, release, whole = tonumber(ARGV[1]), ARGV[2], ARGV[3] == '1'
@@ -81,7 +84,7 @@ for i = 4, #ARGV, 4 do
   local team = ARGV[i]
   given[team] = true
   local old = redis.call('HGET', usage, team)
-  if not old or stamp(old) < measured then
+  if not old or stamp(old) <= measured then
     redis.call('HSET', usage, team,
                measured .. ':' .. ARGV[i + 1] .. ':' .. ARGV[i + 2] .. ':' .. ARGV[i + 3])
   end
@@ -89,7 +92,9 @@ end
 if whole then
   local all = redis.call('HGETALL', usage)
   for j = 1, #all, 2 do
-    if not given[all[j]] and stamp(all[j + 1]) < measured then redis.call('HDEL', usage, all[j]) end
+    if not given[all[j]] and stamp(all[j + 1]) <= measured then
+      redis.call('HDEL', usage, all[j])
+    end
   end
 end
 if release ~= '' then redis.call('ZREM', held, release) end
