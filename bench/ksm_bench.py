@@ -38,9 +38,7 @@ import math
 import os
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +50,7 @@ from tests.server.harness import BUNDLE
 import bench.lifecycle.bare as lb_bare
 from aenv.runtime.runsc import RUNSC
 from bench.lifecycle.common import BARE_CGROUP, log
+from bench.lifecycle.idle_cpu import cpu_ticks
 from bench.node_bench.common import ms_since
 from bench.node_bench.memory import kib_fields, process_kind, sandbox_pids
 
@@ -131,16 +130,6 @@ def ksmd_pid() -> int | None:
     return None
 
 
-def cpu_ticks(pids: set[int] | list[int]) -> int:
-    """utime + stime of ``pids`` (fields 14, 15 of ``/proc/<pid>/stat``), clock ticks."""
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total
-
-
 class KsmdClock:
     """CPU of ksmd since the last ``reset``, as % of one core."""
 
@@ -149,13 +138,13 @@ class KsmdClock:
         self.reset()
 
     def reset(self) -> None:
-        self.ticks = cpu_ticks([self.pid] if self.pid else [])
+        self.ticks = cpu_ticks({self.pid} if self.pid else set())
         self.start = time.monotonic()
 
     def pct(self) -> tuple[float, float]:
         """(% of a core, seconds) since ``reset``."""
         elapsed = time.monotonic() - self.start
-        ticks = cpu_ticks([self.pid] if self.pid else []) - self.ticks
+        ticks = cpu_ticks({self.pid} if self.pid else set()) - self.ticks
         return round(100.0 * ticks / CLK_TCK / elapsed, 2), round(elapsed, 1)
 
 
@@ -200,30 +189,12 @@ class MergeableEnvd(lb_bare.BareEnvd):
 
     def __init__(self, layer: Path, *, merge: bool = True) -> None:
         super().__init__([layer], 2, 512)
-        self.launcher = [sys.executable, "-I", "-S", "-c", WRAPPER] if merge else []
+        self.launcher = (sys.executable, "-I", "-S", "-c", WRAPPER) if merge else ()
 
     def _new_id(self) -> str:
         with self.lock:
             self.count += 1
             return f"ks-{self.count:07d}"
-
-    def _runsc(self, *args: str, check: bool = True) -> tuple[float, str]:
-        """``BareEnvd._runsc`` with the launcher in front of runsc."""
-        with tempfile.TemporaryFile(dir=self.dir) as out:
-            start = time.perf_counter()
-            done = subprocess.run(
-                [*self.launcher, str(RUNSC), *self.flags, *args],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                check=False,
-            )
-            elapsed = ms_since(start)
-            out.seek(0)
-            text = out.read().decode(errors="replace")
-        if check and done.returncode != 0:
-            raise RuntimeError(f"runsc {args[0]} failed ({done.returncode}): {text[-1500:]}")
-        return elapsed, text
 
 
 def base_layer() -> Path:
