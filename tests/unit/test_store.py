@@ -51,6 +51,31 @@ async def test_compare_and_set(tmp_path: Path) -> None:
     await store.close()
 
 
+async def test_a_note_beside_an_operation_does_not_make_it_conflict(tmp_path: Path) -> None:
+    """The repository publish notes ``published`` outside the sandbox's turn; the operation
+    holding the turn read the same version and must still write (CI: a connect answered 409
+    "changed concurrently" when the publish finished between its read and its write). A
+    note after the operation wrote fails instead, so the publish learns it is stale."""
+    store = await Store.open(tmp_path / "state.db")
+    created = _record()
+    await store.insert(created)
+    record = await store.update(created, state=SandboxState.RUNNING)
+    paused = await store.update(await store.update(record, state=SandboxState.PAUSING),
+                                state=SandboxState.PAUSED)
+    held = await store.require(paused.sandbox_id)  # what the resume read in its turn
+    noted = await store.annotate(paused, published=True)
+    assert noted.version == paused.version and noted.instance == {"runtime_id": "x",
+                                                                  "published": True}
+    reopened = await Store.open(tmp_path / "state.db")
+    assert (await reopened.require(paused.sandbox_id)).instance == noted.instance
+    await reopened.close()
+    resuming = await store.update(held, state=SandboxState.RESUMING)
+    assert resuming.version == paused.version + 1
+    with pytest.raises(Conflict):
+        await store.annotate(paused, published=True)
+    await store.close()
+
+
 async def test_reopen_keeps_everything_and_migrations_are_idempotent(tmp_path: Path) -> None:
     store = await Store.open(tmp_path / "state.db")
     records = [_record(started_at=float(i)) for i in range(5)]

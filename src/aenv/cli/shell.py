@@ -43,6 +43,8 @@ LEASE_S = 300
 LEASE_CHECK_S = 30.0
 #: The lifetime ``aenv start`` gives a new sandbox: what is left of it after a detach.
 START_TIMEOUT_S = 3600
+#: How long a detach waits for the keys typed before it to reach the shell.
+FLUSH_S = 5.0
 
 
 def register(app: typer.Typer) -> None:
@@ -150,6 +152,7 @@ async def _session(c: AsyncClient, sbx: Sandbox, *, reattach: bool) -> int | Non
             data = await keys.get()
             with envd_errors(sid, f"input to the shell in {sid}"):
                 await sbx.sdk.pty.send_stdin(handle.pid, data)
+            keys.task_done()
 
     async def resize() -> None:
         while True:
@@ -182,6 +185,11 @@ async def _session(c: AsyncClient, sbx: Sandbox, *, reattach: bool) -> int | Non
             for task in tasks[:3]:  # a failed sender, resizer or lease: the session is over
                 if task.done() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
+            if detach.done() and not shell.done():
+                # What was typed before the key goes to the shell first (it often comes in
+                # the same read as the key: "MARK=1\r^]").
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(keys.join(), timeout=FLUSH_S)
             code = shell.result() if shell.done() else None
         finally:
             loop.remove_reader(fd_in)

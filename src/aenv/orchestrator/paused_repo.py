@@ -98,8 +98,9 @@ async def publish(node: Node, record: SandboxRecord) -> SandboxRecord:
                            ) from exc
         raise
     try:
-        return await node.store.update(
-            record, instance={**(record.instance or {}), "published": True})
+        # A note, not a step: the operation that may hold the sandbox now (a resume that
+        # came in while this ran) must not find its own write conflicting with it.
+        return await node.store.annotate(record, published=True)
     except Conflict:
         # Resumed (or killed) while it was being published: the manifest is stale already.
         await node.repository.delete(snapshot_id)

@@ -195,6 +195,33 @@ class Store:
                                  team_id=new.team_id, record=new)
         return new
 
+    async def annotate(self, record: SandboxRecord, **keys: Any) -> SandboxRecord:
+        """Add ``keys`` to the sandbox's ``instance`` if the row is still at
+        ``record.version``, without changing the version (else ``Conflict``).
+
+        For a note written beside the operation that holds the sandbox (the repository
+        publish's ``published``, written outside the turn): that operation read the same
+        version, and its next write must not fail on the note. A write that moved the row
+        on first (a resume, a kill) makes the note fail, which is what its writer wants to
+        know."""
+        current = self._cache.get(record.sandbox_id)
+        base = current if current is not None and current.version == record.version else record
+        instance = {**(base.instance or {}), **keys}
+        cur = await self._db.execute(
+            "UPDATE sandboxes SET instance = ? WHERE sandbox_id = ? AND version = ?",
+            (json.dumps(instance, sort_keys=True), record.sandbox_id, record.version),
+        )
+        self._writes += 1
+        if cur.rowcount != 1:
+            self._cache.pop(record.sandbox_id, None)
+            raise Conflict(f"sandbox {record.sandbox_id} changed concurrently; retry")
+        latest = self._cache.get(record.sandbox_id)
+        if latest is not None and latest.version == record.version:
+            base = latest  # keeps a field written meanwhile (``set_end_at``)
+        new = base.evolve(instance={**(base.instance or {}), **keys})
+        self._cache[new.sandbox_id] = new
+        return new
+
     async def set_end_at(self, sandbox_id: str, end_at: float) -> SandboxRecord:
         """Set the sandbox's end time whatever operation holds it (the version is not
         changed, so the operation's next write does not conflict with it); ``NotFound`` when
