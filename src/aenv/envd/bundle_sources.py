@@ -49,7 +49,7 @@ DROPPED_SUFFIXES = (".pyc", ".pyo", ".pyi", ".c", ".h", ".pyx", ".pxd", ".pxi", 
 EXTRA_ROOT_DISTRIBUTIONS = ("httptools", "python-multipart", "inotify-simple")
 
 #: The aenv package ships as envd/ plus the aenv modules it imports, followed transitively, so
-#: host-side modules next to them (core/settings.py, cli/, orchestrator/) stay out.
+#: host-side modules next to them (core/settings/, cli/, orchestrator/) stay out.
 #: The bundle builder and the launcher's C source are host-side too.
 AENV_EXCLUDED = frozenset(
     {"envd/bundle.py", "envd/bundle_sources.py", "envd/elf.py", "envd/launcher", "envd/stubs"}

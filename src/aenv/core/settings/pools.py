@@ -1,0 +1,33 @@
+"""The pools kept ready ahead of requests: network slots, warm and pre-created sandboxes."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from aenv.core.settings.section import Section
+
+
+class PoolSettings(Section):
+    """Pools: network slots, warm and pre-created sandboxes kept ready ahead of requests."""
+
+    net_pool_size: int = Field(default=24, ge=0)
+    """Network slots kept prepared ahead of creates (refilled below half): a fork of 16 takes
+    16 at once next to the warm pool's, and making one costs 12-40 ms (seconds while 16
+    restores share two cores)."""
+
+    warm_pool_size: int = Field(default=2, ge=0)
+    """High watermark: sandboxes of the default template restored from its memory image and
+    kept ready, so a create only initialises one (milliseconds instead of a restore). Each
+    costs an idle sandbox's memory; 0 disables."""
+
+    warm_pool_low: int | None = Field(default=None, ge=0)
+    """Low watermark: refilling starts when fewer are ready (then fills up to the high one).
+    Unset: refill after every claim."""
+
+    precreate_pool_size: int = Field(default=16, ge=0, le=256)
+    """Sandboxes created ahead but not started (network slot, rootfs, runsc's processes), for
+    restores of one shape: the last fork's parent (or, before any fork, the default
+    template). A fork child or a create the warm pool cannot serve is restored into one in
+    ~95 ms instead of ~180 ms. Each costs ~12 MiB and one network slot while it waits; a
+    fork of 16 children wants 16. With disk workspaces only template creates use them (a
+    fork child's disk does not exist before the fork). 0 disables."""
