@@ -270,7 +270,7 @@ async def create_snapshot(
     snapshot = await snapshot_op.create_snapshot(
         node, _checked_id(sandbox_id), body.name if body else None
     )
-    return snapshot_info(snapshot.manifest)
+    return snapshot_info(snapshot)
 
 
 @router.get("/snapshots", response_model=list[SnapshotInfo])
@@ -283,6 +283,7 @@ async def list_snapshots(
     limit: int | None = None,
     nextToken: str | None = None,
 ) -> list[SnapshotInfo]:
+    await node.repository.settle()  # snapshots answered and still being committed
     await node.repository.refresh()
     found = [s for s in node.repository.list(sandbox_id=sandboxID or None, name=name or None)
              if node.tenancy.is_team(caller, s.manifest.team_id)]

@@ -7,10 +7,10 @@ import binascii
 
 from aenv.api.schemas import SnapshotInfo
 from aenv.core.errors import InvalidArgument
-from aenv.storage.manifest import SnapshotManifest
+from aenv.storage.manifest import SnapshotDraft, SnapshotManifest
 
 
-def snapshot_info(m: SnapshotManifest) -> SnapshotInfo:
+def snapshot_info(m: SnapshotDraft) -> SnapshotInfo:
     # The SDK shows names; an unnamed snapshot is known by its id.
     return SnapshotInfo(snapshotID=m.snapshot_id, names=list(m.names) or [m.snapshot_id])
 

@@ -115,6 +115,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
     with parts.console.status(f"opening the repository {repository.store.describe()}"):
         for leftover in await repository.start():
             log.info("removed %s, left by an interrupted snapshot", leftover)
+    _closing(stack, "the repository's pending commits", repository.close)
     catalog = TemplateCatalog(layers, repository)
     catalog.own_bundle = bundle
     await parts.prepare_templates(catalog)

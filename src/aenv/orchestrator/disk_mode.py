@@ -145,7 +145,7 @@ def drop_stale_disks(node: Node) -> int:
                 if time.time() - path.stat().st_mtime > node.settings.gc_grace_s:
                     path.unlink()
                     dropped += 1
-        elif node.repository.get(path.stem) is None:
+        elif node.repository.get(path.stem) is None and not node.repository.pending(path.stem):
             path.unlink(missing_ok=True)
             dropped += 1
     return dropped

@@ -30,7 +30,7 @@ import datetime
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +56,7 @@ from aenv.storage.manifest import (
 )
 from aenv.storage.materialize import LocalCopies, Materialized
 from aenv.storage.objects import ObjectStore
+from aenv.storage.pending_commits import CommitOrder, PendingCommits
 
 __all__ = [
     "IMAGE_FILES",
@@ -132,6 +133,8 @@ class SnapshotRepository:
         self._present: set[str] = set()
         self._local = LocalCopies(store, artifacts, self.images)
         self._gate = CommitGate()
+        #: Commits of snapshots already answered (:meth:`commit_later`).
+        self._pending = PendingCommits()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -147,14 +150,29 @@ class SnapshotRepository:
         removed: list[str] = []
         for directory in (self.staging, self.images):
             directory.mkdir(parents=True, exist_ok=True)
+        sealed: list[tuple[Staged, CommitOrder]] = []
         for name in sorted(listdir(self.staging)):
+            staged = Staged(name.partition(".")[0], self.staging / name)
+            order = CommitOrder.read(staged.path) if is_snapshot_id(staged.snapshot_id) \
+                else None
+            if order is not None and order.draft.snapshot_id == staged.snapshot_id:
+                sealed.append((staged, order))  # answered before a crash: commit it now
+                continue
             rmtree(self.staging / name)
             removed.append(str(self.staging / name))
             log.info("removed leftover %s", self.staging / name)
         removed.extend(self.cache.start())
         self.artifacts.start()
         await self.refresh(force=True)
+        for staged, order in sealed:
+            log.info("finishing the commit of snapshot %s, answered before the node stopped",
+                     staged.snapshot_id)
+            self._pending.submit(order, self._committer(staged))
         return removed
+
+    async def close(self) -> None:
+        """Let the commits in flight finish (for a while; the rest at the next start)."""
+        await self._pending.close()
 
     async def refresh(self, *, force: bool = False) -> None:
         """Re-read the manifests of the store (at most every :data:`REFRESH_S` unless forced)."""
@@ -257,6 +275,67 @@ class SnapshotRepository:
         await self.discard(staged)
         log.info("committed snapshot %s to %s", snapshot_id, self.store.describe())
         return snapshot
+
+    async def commit_later(
+        self,
+        staged: Staged,
+        draft: SnapshotDraft,
+        *,
+        layers: Sequence[Path],
+        envd_bundle: Path,
+        disk: DiskImage | None = None,
+    ) -> SnapshotDraft:
+        """:meth:`commit`, after the answer (``storage/pending_commits.py``).
+
+        Prerequisites: as :meth:`commit`'s. On success: the order of the commit is written
+        beside the staged image (a crash from now on is finished by the next :meth:`start`)
+        and the commit runs in the background; :meth:`lookup` and :meth:`settle` wait for it.
+        On failure: :class:`AlreadyExists` if the id is taken; ``OSError``; nothing is
+        pending and the staged directory is left for the caller to :meth:`discard`.
+        """
+        snapshot_id = check_snapshot_id(staged.snapshot_id)
+        if draft.snapshot_id != snapshot_id:
+            raise InvalidArgument(
+                f"manifest names snapshot {draft.snapshot_id!r}, staged is {snapshot_id!r}")
+        self._check_staged(staged)
+        if snapshot_id in self._index or snapshot_id in self._committing \
+                or snapshot_id in self._pending:
+            raise AlreadyExists(f"snapshot {snapshot_id} already exists")
+        order = CommitOrder(draft=draft, layers=[str(p) for p in layers],
+                            envd_bundle=str(envd_bundle), disk=disk)
+        await asyncio.to_thread(order.write, staged.path)
+        self._pending.submit(order, self._committer(staged))
+        return draft
+
+    def _committer(self, staged: Staged) -> Callable[[CommitOrder], Awaitable[object]]:
+        async def commit(order: CommitOrder) -> Snapshot:
+            snapshot_id = order.draft.snapshot_id
+            try:
+                return await self.commit(
+                    staged, order.draft, layers=[Path(p) for p in order.layers],
+                    envd_bundle=Path(order.envd_bundle), disk=order.disk)
+            except AlreadyExists:
+                # A try before this one (or before a crash) put the manifest already.
+                snapshot = await self._load(manifest_key(snapshot_id), snapshot_id)
+                if snapshot is None or snapshot.manifest.source_sandbox_id != \
+                        order.draft.source_sandbox_id:
+                    raise
+                self._index[snapshot_id] = snapshot
+                if snapshot.manifest.memory:
+                    await asyncio.to_thread(self._local.link_image, snapshot.manifest)
+                await self.discard(staged)
+                return snapshot
+        return commit
+
+    async def settle(self, name_or_id: str | None = None) -> None:
+        """Wait for the pending commits (:meth:`commit_later`) a read of ``name_or_id`` may
+        see (None: all): then the index holds them. ``Unavailable`` if one failed (it is
+        tried again)."""
+        await self._pending.settle(name_or_id)
+
+    def pending(self, snapshot_id: str) -> bool:
+        """Whether ``snapshot_id`` was answered and is being committed."""
+        return snapshot_id in self._pending
 
     async def _publish(self, staged: Staged, draft: SnapshotDraft, layers: Sequence[Path],
                        envd_bundle: Path, memory: bool, memory_dir: Path | None,
@@ -383,6 +462,7 @@ class SnapshotRepository:
         ``verify``: also make sure the one found is still committed (another node may have
         deleted it since the index was read: one HEAD request), refreshing if it is not.
         """
+        await self._pending.settle(name_or_id)
         found = self.find(name_or_id)
         if found is not None and verify and not await self.committed(found.snapshot_id):
             found = None

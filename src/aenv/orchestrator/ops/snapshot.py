@@ -5,10 +5,13 @@ The source keeps running: the checkpoint pauses it only while it is written
 (``--leave-running``). Connections into the sandbox are closed first (``quiesce.py``): a
 client's open command stream ends and can re-attach to the process, which lives on.
 
-Prerequisites: the sandbox is running. On success: the snapshot is committed and visible
-(``templateID`` for create, ``GET /snapshots``); the source is ``running`` again.
-The source is ``running`` again as soon as its image is on this node's disk; the commit to
-the repository (blobs, then the manifest) follows.
+Prerequisites: the sandbox is running. On success: the snapshot can be used at once on this
+node (``templateID`` for create, ``GET /snapshots``: they wait for its commit), and on every
+node once committed; the source is ``running`` again.
+The source is ``running`` again as soon as its image is on this node's disk. The answer
+comes once the commit's order is written beside the staged image; the commit to the
+repository (blobs, then the manifest) runs after it (``storage/pending_commits.py``), and a
+node killed before it ends finishes it at its next start.
 On failure: nothing is visible (the staged image is removed); the source runs on.
 A crash mid-snapshot leaves only a staging directory, which the repository removes at start,
 and perhaps blobs without a manifest, which GC removes.
@@ -30,19 +33,19 @@ from aenv.orchestrator.disk_room import ensure_room
 from aenv.orchestrator.instance_codec import decode, envd_bundle_of
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.runtime.base import MemoryImage
-from aenv.storage.repository import Snapshot, SnapshotDraft
+from aenv.storage.repository import SnapshotDraft
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.snapshot")
 
 
-async def create_snapshot(node: Node, sandbox_id: str, name: str | None) -> Snapshot:
+async def create_snapshot(node: Node, sandbox_id: str, name: str | None) -> SnapshotDraft:
     await node.store.require(sandbox_id)
     return await node.owners.run(sandbox_id, "snapshot",
                                  lambda: _snapshot_owned(node, sandbox_id, name))
 
 
-async def _snapshot_owned(node: Node, sandbox_id: str, name: str | None) -> Snapshot:
+async def _snapshot_owned(node: Node, sandbox_id: str, name: str | None) -> SnapshotDraft:
     record = await node.store.require(sandbox_id)
     if record.state != SandboxState.RUNNING:
         raise Conflict(f"sandbox {sandbox_id} is {record.state.public}; snapshot a running one")
@@ -50,7 +53,7 @@ async def _snapshot_owned(node: Node, sandbox_id: str, name: str | None) -> Snap
     return await _snapshot(node, record, name)
 
 
-async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snapshot:
+async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> SnapshotDraft:
     started = time.monotonic()
     staged = node.repository.stage(new_snapshot_id())
     clone = disk_mode.seed_path(node, staged.path.name) if node.workspaces else None
@@ -65,9 +68,12 @@ async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snap
             await back_to_running(node, record)
         saved = time.monotonic()
         fault("snapshot.checkpointed")
+        # The disk's chunks are read now, under the sandbox's turn: each export starts from
+        # the sandbox's previous one (only changed chunks are read).
         disk = (await disk_mode.export(node, record.sandbox_id, clone, staged.snapshot_id)
                 if clone is not None else None)
-        snapshot = await node.repository.commit(
+        exported = time.monotonic()
+        snapshot = await node.repository.commit_later(
             staged, draft_of(node, record, staged.snapshot_id, name),
             layers=node.rootfs.recorded_lowers(record.sandbox_id) or [],
             envd_bundle=envd_bundle_of(record.instance, node.envd_bundle), disk=disk)
@@ -76,10 +82,10 @@ async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snap
         if clone is not None:
             clone.unlink(missing_ok=True)
         raise
-    log.info("snapshot %s of %s in %.0f ms (save %.0f ms, commit %.0f ms, %.1f MB)",
-             snapshot.snapshot_id, record.sandbox_id, (time.monotonic() - started) * 1000,
-             (saved - started) * 1000, (time.monotonic() - saved) * 1000,
-             snapshot.manifest.memory_size_bytes / 1e6)
+    log.info("snapshot %s of %s in %.0f ms (save %.0f ms, disk %.0f ms, order %.0f ms); "
+             "committing", snapshot.snapshot_id, record.sandbox_id,
+             (time.monotonic() - started) * 1000, (saved - started) * 1000,
+             (exported - saved) * 1000, (time.monotonic() - exported) * 1000)
     return snapshot
 
 
