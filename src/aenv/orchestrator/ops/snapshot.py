@@ -11,7 +11,8 @@ node once committed; the source is ``running`` again.
 The source is ``running`` again as soon as its image is on this node's disk. The answer
 comes once the commit's order is written beside the staged image; the commit to the
 repository (blobs, then the manifest) runs after it (``storage/pending_commits.py``), and a
-node killed before it ends finishes it at its next start.
+node killed before it ends finishes it at its next start. A node of a cluster commits before
+it answers: behind a gateway the next create from the snapshot may land on any node.
 On failure: nothing is visible (the staged image is removed); the source runs on.
 A crash mid-snapshot leaves only a staging directory, which the repository removes at start,
 and perhaps blobs without a manifest, which GC removes.
@@ -73,19 +74,28 @@ async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snap
         disk = (await disk_mode.export(node, record.sandbox_id, clone, staged.snapshot_id)
                 if clone is not None else None)
         exported = time.monotonic()
-        snapshot = await node.repository.commit_later(
-            staged, draft_of(node, record, staged.snapshot_id, name),
-            layers=node.rootfs.recorded_lowers(record.sandbox_id) or [],
-            envd_bundle=envd_bundle_of(record.instance, node.envd_bundle), disk=disk)
+        draft = draft_of(node, record, staged.snapshot_id, name)
+        layers = node.rootfs.recorded_lowers(record.sandbox_id) or []
+        bundle = envd_bundle_of(record.instance, node.envd_bundle)
+        if node.settings.cluster is None:
+            snapshot = await node.repository.commit_later(
+                staged, draft, layers=layers, envd_bundle=bundle, disk=disk)
+        else:
+            # Behind a gateway the next create from it may be placed on any node, which
+            # finds it only once committed: commit before the answer.
+            snapshot = (await node.repository.commit(
+                staged, draft, layers=layers, envd_bundle=bundle, disk=disk)).manifest
     except BaseException:
         await node.repository.discard(staged)
         if clone is not None:
             clone.unlink(missing_ok=True)
         raise
-    log.info("snapshot %s of %s in %.0f ms (save %.0f ms, disk %.0f ms, order %.0f ms); "
-             "committing", snapshot.snapshot_id, record.sandbox_id,
+    log.info("snapshot %s of %s in %.0f ms (save %.0f ms, disk %.0f ms, %s %.0f ms)",
+             snapshot.snapshot_id, record.sandbox_id,
              (time.monotonic() - started) * 1000, (saved - started) * 1000,
-             (exported - saved) * 1000, (time.monotonic() - exported) * 1000)
+             (exported - saved) * 1000,
+             "commit" if node.settings.cluster else "order, committing after",
+             (time.monotonic() - exported) * 1000)
     return snapshot
 
 
