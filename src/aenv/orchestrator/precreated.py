@@ -7,7 +7,10 @@ instead of ~180 ms, and 16 of them at once on 2 cores ~1.5 s instead of ~2.5 s. 
 ``size`` of them for one *shape* (layers, envd bundle, CPUs, memory, disk seed: what the bundle
 and rootfs of a sandbox are made of), the shape of the last fork (or, before any, the default
 template's), so the next fork of that family, or a create of that template the warm pool cannot
-serve, starts from one.
+serve, starts from one. A create from a snapshot that found none asks for the snapshot's shape
+(the next sandboxes of it, an RL group's, find them; its disk image stays, so this works with
+disk workspaces too); when that snapshot's image is gone the pool goes back to the default
+template's shape.
 
 A pre-created sandbox has an id already (the runtime's id of it cannot change). A fork child or
 a create takes that id; a resume from disk, whose id is fixed, keeps the runtime's id as the
@@ -95,6 +98,9 @@ class PrecreatedPool:
         self.size = size
         #: The template whose shape is kept (a fork child's: the parent's layers and image).
         self._template: Template | None = None
+        #: The shape kept before any ``want`` (the default template's), and after the
+        #: wanted template's image or disk is gone (a deleted snapshot).
+        self._default: Template | None = None
         self._ready: deque[Precreated] = deque()
         self._busy = 0
         self._wake = asyncio.Event()
@@ -111,6 +117,7 @@ class PrecreatedPool:
 
     async def start(self, node: Node, template: Template | None) -> None:
         self._node = node
+        self._default = template
         if self._template is None:
             self._template = template
         if self.size > 0:
@@ -160,6 +167,10 @@ class PrecreatedPool:
         delay = RETRY_S
         while True:
             template = self._template
+            if template is not None and template is not self._default and _gone(template):
+                log.info("pre-created pool: the image of %s is gone; back to the default "
+                         "template's shape", template.snapshot_id or template.template_id)
+                template = self._template = self._default
             if template is not None:
                 wanted = shape_of(self.node, template)
                 # Oldest first: a sandbox still being made when the shape changed ends up
@@ -185,3 +196,8 @@ class PrecreatedPool:
 
     async def _discard(self, pre: Precreated) -> None:
         await release(self.node, pre.sandbox_id, pre.slot, pre.instance)
+
+
+def _gone(template: Template) -> bool:
+    """Whether what sandboxes of ``template`` restore from is no longer on this node."""
+    return any(p is not None and not p.exists() for p in (template.image, template.disk_image))

@@ -32,6 +32,11 @@ class Driver:
 def _gvisor(settings: Settings) -> Runtime:
     from aenv.runtime.gvisor import GvisorConfig, GvisorRuntime
 
+    if settings.memory_merge:
+        # Before any runsc process starts: each inherits the opt-in from the node.
+        from aenv.runtime.memory_merge import opt_in
+
+        opt_in()
     disk = settings.workspace == "disk"
     return GvisorRuntime(GvisorConfig(
         state_dir=settings.home / "runtime",

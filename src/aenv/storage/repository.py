@@ -290,8 +290,9 @@ class SnapshotRepository:
         Prerequisites: as :meth:`commit`'s. On success: the order of the commit is written
         beside the staged image (a crash from now on is finished by the next :meth:`start`)
         and the commit runs in the background; :meth:`lookup` and :meth:`settle` wait for it.
-        On failure: :class:`AlreadyExists` if the id is taken; ``OSError``; nothing is
-        pending and the staged directory is left for the caller to :meth:`discard`.
+        On failure: :class:`AlreadyExists` if the id is taken; :class:`Unavailable` if the
+        store does not answer (one request is made first); ``OSError``; nothing is pending and
+        the staged directory is left for the caller to :meth:`discard`.
         """
         snapshot_id = check_snapshot_id(staged.snapshot_id)
         if draft.snapshot_id != snapshot_id:
@@ -300,6 +301,10 @@ class SnapshotRepository:
         self._check_staged(staged)
         if snapshot_id in self._index or snapshot_id in self._committing \
                 or snapshot_id in self._pending:
+            raise AlreadyExists(f"snapshot {snapshot_id} already exists")
+        # One request before the promise: a store that does not answer fails the snapshot
+        # now (503, as a commit would), not a read of it later; and the id is free.
+        if await self.store.head(manifest_key(snapshot_id)) is not None:
             raise AlreadyExists(f"snapshot {snapshot_id} already exists")
         order = CommitOrder(draft=draft, layers=[str(p) for p in layers],
                             envd_bundle=str(envd_bundle), disk=disk)

@@ -149,6 +149,11 @@ async def create_from(node: Node, template: Template, params: CreateParams, *,
         warm = node.warm.take(template)
         if warm is None and template.image is not None:
             pre = node.precreated.take(template)
+            if pre is None and template.snapshot_id is not None:
+                # Sandboxes of a snapshot come in waves (an RL group, a fan-out): the next
+                # ones find pre-created sandboxes of its shape. Unlike a fork's, a snapshot's
+                # disk image stays, so this works with disk workspaces too.
+                node.precreated.want(template)
     with node.precreated.busy():
         return await _create(node, template, params, policy, warm, pre, detach)
 
