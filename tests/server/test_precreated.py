@@ -123,6 +123,41 @@ def test_disk_workspaces_use_the_pool_for_template_creates_and_fork_without_it()
     assert not leaked_sandboxes(node.home)
 
 
+def test_creates_from_a_snapshot_take_sandboxes_pre_created_in_its_shape() -> None:
+    """With disk workspaces (the default): the first create from a snapshot asks the pool for
+    the snapshot's shape, the next ones are restored into sandboxes made ahead, each with the
+    snapshot's files and running processes and a disk of its own; deleting the snapshot puts
+    the pool back on the default template's shape."""
+    with serving(workspace="disk", warm_pool_size="0", precreate_pool_size="3") as node:
+        source = Sandbox.create(timeout=300)
+        nonce = f"n-{time.time_ns()}"
+        source.files.write("/home/user/nonce", nonce)
+        source.commands.run(COUNT)
+        time.sleep(0.3)
+        snapshot = source.create_snapshot()
+        first = Sandbox.create(snapshot.snapshot_id, timeout=120)
+        assert _how_created(node, [first.sandbox_id]) == {first.sandbox_id: "cold"}
+        made = len(_PRECREATED.findall(node.log()))
+        _wait_precreated(node, made + 3)  # three more, in the snapshot's shape
+        group = [Sandbox.create(snapshot.snapshot_id, timeout=120) for _ in range(3)]
+        how = _how_created(node, [s.sandbox_id for s in group])
+        assert set(how.values()) == {"pre-created"}, how
+        for sbx in [first, *group]:
+            _check_child(sbx, source.sandbox_id, nonce)
+        assert not source.files.exists("/home/user/own")
+        for sbx in [first, *group]:
+            sbx.kill()
+        Sandbox.delete_snapshot(snapshot.snapshot_id)
+        source.kill()
+        plain = Sandbox.create(timeout=120)  # wakes the pool, which finds the image gone
+        deadline = time.monotonic() + 60
+        while "back to the default template's shape" not in node.log():
+            assert time.monotonic() < deadline, "the pool kept the deleted snapshot's shape"
+            time.sleep(0.2)
+        plain.kill()
+    assert not leaked_sandboxes(node.home)
+
+
 _RESTORED_INTO = re.compile(r"restored sandbox (\w+) \(pid \d+\) into pre-created sandbox (\w+)")
 
 
