@@ -8,6 +8,11 @@ official SDK:
   ``--gap`` seconds after the previous wave's children were killed (about one rollout here);
   a wave's time runs from the fork call until every child answered ``commands.run("true")``.
 * **back to back**: the same with no pause between the waves.
+* **from a snapshot**: ``--waves`` paced waves of 16 creates from one snapshot of the parent
+  (what an RL group can use instead of a fork: the snapshot's disk image stays, so the
+  pre-created pool keeps sandboxes of its shape), each until its first command answered; next
+  to the bare 16 restores into pre-created sandboxes + exec (the bare fork's time without its
+  checkpoint).
 * **burst**: ``--burst`` creates at once, until every sandbox answered a command.
 
 Every wave is reported, with how many children came from the pre-created pool, next to the
@@ -76,13 +81,34 @@ def _wave(node: LifecycleNode, parent: Any) -> dict[str, Any]:
             "children": [k.sandbox_id for k in kids]}
 
 
-def _waves(node: LifecycleNode, parent: Any, waves: int, gap_s: float, name: str
-           ) -> list[dict[str, Any]]:
+def _snapshot_wave(node: LifecycleNode, snapshot_id: str) -> dict[str, Any]:
+    """16 creates from ``snapshot_id`` at once, until each answered; killed after (untimed)."""
+    def one(_: int) -> Any:
+        sandbox = node.create(template=snapshot_id)
+        run_true(sandbox)
+        return sandbox
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(FORK_COUNT) as pool:
+        kids = list(pool.map(one, range(FORK_COUNT)))
+    all_ms = ms_since(start)
+    try:
+        created = node.created()
+        pre = sum(int(created.get(k.sandbox_id, {}).get("from_precreated", 0)) for k in kids)
+    finally:
+        kill_all(kids)
+    return {"call_ms": all_ms, "all_ms": all_ms, "precreated": pre,
+            "children": [k.sandbox_id for k in kids]}
+
+
+def _waves(node: LifecycleNode, parent: Any, waves: int, gap_s: float, name: str,
+           snapshot_id: str | None = None) -> list[dict[str, Any]]:
     out = []
     for i in range(waves):
         if i and gap_s:
             time.sleep(gap_s)
-        wave = _wave(node, parent)
+        wave = (_wave(node, parent) if snapshot_id is None
+                else _snapshot_wave(node, snapshot_id))
         out.append(wave)
         log(f"  {name} wave {i + 1}/{waves}: all answered {wave['all_ms']:.0f} ms "
             f"(call {wave['call_ms']:.0f}; {wave['precreated']:.0f} of {FORK_COUNT} "
@@ -179,10 +205,17 @@ def main() -> None:
         paced = _waves(node, parent, args.waves, args.gap, "paced")
         time.sleep(args.gap)
         back = _waves(node, parent, args.waves, 0.0, "back-to-back")
+        time.sleep(args.gap)
+        snapshot = parent.create_snapshot()
+        _snapshot_wave(node, snapshot.snapshot_id)  # warm-up: the pool takes its shape
+        time.sleep(args.gap)
+        from_snapshot = _waves(node, parent, args.waves, args.gap, "from a snapshot",
+                               snapshot_id=snapshot.snapshot_id)
         bare_runs = [bare_fork(bare, bare_parent, FORK_COUNT, precreated=True)
                      for _ in range(args.bare_waves)]
         bare_all = [all_ms for _, all_ms in bare_runs]
         bare_ckpt = [ckpt for ckpt, _ in bare_runs]
+        bare_restores = [all_ms - ckpt for ckpt, all_ms in bare_runs]
         log(f"  bare: checkpoint + {FORK_COUNT} restores into pre-created + exec: "
             f"{statistics.median(bare_all):.0f} ms p50")
         parent.kill()
@@ -195,12 +228,20 @@ def main() -> None:
         result.update({
             # Where a child's time goes (the node's "created" phases), over every wave.
             "child_phases": fork_phases(node, [w.pop("children") for w in paced + back]),
+            "snapshot_child_phases": fork_phases(
+                node, [w.pop("children") for w in from_snapshot]),
             "paced": {"gap_s": args.gap, "waves": paced, **_summary(paced)},
             "back_to_back": {"waves": back, **_summary(back),
                              "ratio_to_bare_p50": round(_summary(back)["p50_ms"] / bare_p50,
                                                         3)},
             "bare_fork16": {"p50_ms": bare_p50, "all_ms": bare_all,
-                            "checkpoint_p50_ms": statistics.median(bare_ckpt)},
+                            "checkpoint_p50_ms": statistics.median(bare_ckpt),
+                            "restores_p50_ms": statistics.median(bare_restores)},
+            "from_snapshot": {"gap_s": args.gap, "waves": from_snapshot,
+                              **_summary(from_snapshot),
+                              "ratio_to_bare_restores_p50": round(
+                                  _summary(from_snapshot)["p50_ms"]
+                                  / statistics.median(bare_restores), 3)},
             "burst": {"count": args.burst, **burst, "bare_all_ms": bare_burst,
                       "ratio_to_bare": round(burst["all_ms"] / bare_burst, 3)},
             "targets": {"paced_p50_ms": 1500, "paced_max_ms": 2000,
@@ -233,6 +274,13 @@ def _print(result: dict[str, Any]) -> None:
         print(f"| {i} | {p['all_ms']:.0f} ms | {p['precreated']:.0f} | {b['all_ms']:.0f} ms | "
               f"{b['precreated']:.0f} |")
     paced, back, bare = result["paced"], result["back_to_back"], result["bare_fork16"]
+    snap = result["from_snapshot"]
+    print("\n| wave | 16 creates from a snapshot | pre-created |\n|---|---|---|")
+    for i, w in enumerate(snap["waves"], start=1):
+        print(f"| {i} | {w['all_ms']:.0f} ms | {w['precreated']:.0f} |")
+    print(f"\nfrom a snapshot p50 {snap['p50_ms']:.0f} ms, max {snap['max_ms']:.0f} ms = "
+          f"{snap['ratio_to_bare_restores_p50']:.2f}x the bare 16 restores into pre-created "
+          f"+ exec ({bare['restores_p50_ms']:.0f} ms)")
     print(f"\npaced p50 {paced['p50_ms']:.0f} ms, max {paced['max_ms']:.0f} ms; back to back "
           f"p50 {back['p50_ms']:.0f} ms = {back['ratio_to_bare_p50']:.2f}x the bare "
           f"{bare['p50_ms']:.0f} ms; burst of {result['burst']['count']}: "

@@ -54,7 +54,7 @@ TARGET_AGED_RATIO = 1.5
 #: The node's log lines, per operation (see src/aenv/orchestrator/ops).
 SNAPSHOT_RE = re.compile(
     r"snapshot (?P<snap>\S+) of (?P<id>[a-z0-9]{20}) in (?P<total>\d+) ms "
-    r"\(save (?P<save>\d+) ms, (?:commit \d+ ms, )?(?P<mb>[\d.]+) MB\)"
+    r"\(save (?P<save>\d+) ms, .*?(?P<mb>[\d.]+) MB\)"
 )
 FORK_RE = re.compile(
     r"forked (?P<id>[a-z0-9]{20}) into (?P<ok>\d+)/(?P<n>\d+) in (?P<total>\d+) ms "

@@ -74,6 +74,7 @@ async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snap
         disk = (await disk_mode.export(node, record.sandbox_id, clone, staged.snapshot_id)
                 if clone is not None else None)
         exported = time.monotonic()
+        image_bytes = sum(f.stat().st_size for f in staged.memory_dir.iterdir())
         draft = draft_of(node, record, staged.snapshot_id, name)
         layers = node.rootfs.recorded_lowers(record.sandbox_id) or []
         bundle = envd_bundle_of(record.instance, node.envd_bundle)
@@ -90,12 +91,12 @@ async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snap
         if clone is not None:
             clone.unlink(missing_ok=True)
         raise
-    log.info("snapshot %s of %s in %.0f ms (save %.0f ms, disk %.0f ms, %s %.0f ms)",
-             snapshot.snapshot_id, record.sandbox_id,
+    log.info("snapshot %s of %s in %.0f ms (save %.0f ms, disk %.0f ms, %s %.0f ms, "
+             "%.1f MB)", snapshot.snapshot_id, record.sandbox_id,
              (time.monotonic() - started) * 1000, (saved - started) * 1000,
              (exported - saved) * 1000,
              "commit" if node.settings.cluster else "order, committing after",
-             (time.monotonic() - exported) * 1000)
+             (time.monotonic() - exported) * 1000, image_bytes / 1e6)
     return snapshot
 
 
