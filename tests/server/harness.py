@@ -170,7 +170,11 @@ def start_server(port: int, home: Path | None = None, *, netns: str | None = Non
     # Pre-created sandboxes cost every server start ~0.1 s of CPU each: only the tests of
     # the pool ask for them.
     # The code-interpreter template is built only by the tests of it (a few minutes, once).
-    settings = {**_slot_range(), "precreate_pool_size": "0", "code_interpreter": "false",
+    slots = _slot_range()
+    if "slot_count" in settings:  # fewer slots than the range's 100 (tests of slot pressure)
+        first = int(slots["net_first_index"])
+        slots["net_last_index"] = str(first + int(settings.pop("slot_count")) - 1)
+    settings = {**slots, "precreate_pool_size": "0", "code_interpreter": "false",
                 **({"workspace": mode} if mode else {}), **settings}
     CACHE.mkdir(parents=True, exist_ok=True)
     env = {

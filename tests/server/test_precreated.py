@@ -158,6 +158,27 @@ def test_creates_from_a_snapshot_take_sandboxes_pre_created_in_its_shape() -> No
     assert not leaked_sandboxes(node.home)
 
 
+def test_a_create_that_finds_every_slot_taken_gets_one_a_waiting_sandbox_held() -> None:
+    """The pool waits with sandboxes of a snapshot's shape (each holding a network slot);
+    creates of another template that find every slot taken are served with the slots of
+    those, instead of 429 (found by the waves bench: a burst of 100 never finished)."""
+    with serving(workspace="disk", warm_pool_size="0", precreate_pool_size="3",
+                 net_pool_size="0", slot_count="8") as node:
+        source = Sandbox.create(timeout=300)
+        snapshot = source.create_snapshot()
+        child = Sandbox.create(snapshot.snapshot_id, timeout=120)
+        made = len(_PRECREATED.findall(node.log()))
+        _wait_precreated(node, made + 3)  # 2 running + 3 waiting: 3 slots free
+        plain = [Sandbox.create(timeout=120) for _ in range(6)]
+        assert node.log().count("gave back pre-created sandbox") == 3
+        for sbx in plain:
+            assert sbx.commands.run("echo $HOME").stdout.strip() == "/home/user"
+        for sbx in [source, child, *plain]:
+            sbx.kill()
+        Sandbox.delete_snapshot(snapshot.snapshot_id)
+    assert not leaked_sandboxes(node.home)
+
+
 _RESTORED_INTO = re.compile(r"restored sandbox (\w+) \(pid \d+\) into pre-created sandbox (\w+)")
 
 

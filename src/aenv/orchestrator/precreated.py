@@ -144,6 +144,17 @@ class PrecreatedPool:
         self._wake.set()
         return taken
 
+    async def give_back(self) -> bool:
+        """Destroy the newest waiting sandbox, so that its network slot serves a sandbox that
+        needs one now; False if none waits. The pool refills only once the node is idle."""
+        if not self._ready:
+            return False
+        pre = self._ready.pop()
+        log.info("gave back pre-created sandbox %s: every network slot is in use",
+                 pre.sandbox_id)
+        await self._discard(pre)
+        return True
+
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
         """Inside: a create or fork runs; the pool does not refill meanwhile."""

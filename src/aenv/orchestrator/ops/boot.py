@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from aenv.core.errors import ResourceExhausted
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
@@ -76,7 +77,7 @@ async def boot_sandbox(
     if precreated is not None:
         slot, instance = precreated.slot, precreated.instance
     else:
-        slot = await node.pool.acquire(policy)
+        slot = await acquire_slot(node, policy)
     try:
         if precreated is not None:
             assert template.image is not None, "a pre-created sandbox is only restored into"
@@ -109,6 +110,18 @@ async def boot_sandbox(
     except BaseException:
         await to_the_end(release(node, sandbox_id, slot, instance))
         raise
+
+
+async def acquire_slot(node: Node, policy: EgressPolicy | None) -> NetSlot:
+    """A network slot for a sandbox that starts now. When every slot is in use, one held by a
+    sandbox waiting in the pre-created pool is given back first: a sandbox asked for beats one
+    made ahead (the pool may hold 16 of a shape nobody asks for any more)."""
+    try:
+        return await node.pool.acquire(policy)
+    except ResourceExhausted:
+        if not await node.precreated.give_back():
+            raise
+    return await node.pool.acquire(policy)
 
 
 async def precreate_sandbox(node: Node, sandbox_id: str, template: Template

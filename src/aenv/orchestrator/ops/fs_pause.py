@@ -32,7 +32,7 @@ from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_of
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import decode, envd_bundle_of, instance_json
-from aenv.orchestrator.ops.boot import sandbox_spec
+from aenv.orchestrator.ops.boot import acquire_slot, sandbox_spec
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.orchestrator.unwind import to_the_end
 from aenv.orchestrator.volumes import mounts_of, slot_binds
@@ -82,7 +82,7 @@ async def reboot(node: Node, record: SandboxRecord) -> tuple[SandboxRecord, dict
     slot: NetSlot | None = None
     instance: Instance | None = None
     try:
-        slot = await node.pool.acquire(policy_of(record))
+        slot = await acquire_slot(node, policy_of(record))
         record = await node.store.update(
             record, instance={**(record.instance or {}), "slot": instance_json(slot, None)["slot"]})
         rootfs = await node.rootfs.ensure_mounted(sid)

@@ -45,7 +45,7 @@ from aenv.orchestrator.instance_codec import (
     paused_image,
 )
 from aenv.orchestrator.ops import fs_pause
-from aenv.orchestrator.ops.boot import Laps, release
+from aenv.orchestrator.ops.boot import Laps, acquire_slot, release
 from aenv.orchestrator.ops.lifetime import set_timeout
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.precreated import Precreated, shape
@@ -189,7 +189,7 @@ async def _restore(
             slot, instance = pre.slot, replace(pre.instance, sandbox_id=sid)
             lap("precreated")
         else:
-            slot = await node.pool.acquire(policy)
+            slot = await acquire_slot(node, policy)
             lap("slot")
         # The slot is in the record before it is used, so recovery can release it.
         record = await node.store.update(
