@@ -24,12 +24,10 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
-from aenv.core.settings import Settings, config_sources
+from aenv.core.settings import AenvSources, Settings
 from aenv.edge.limits import BodyLimits
 from aenv.edge.protocol import ConnectionLimits
 
@@ -45,7 +43,7 @@ def _node_field(name: str) -> Any:
     return copy.deepcopy(Settings.model_fields[name])
 
 
-class RoleSettings(BaseSettings):
+class RoleSettings(AenvSources):
     """What every cluster role reads: where the cluster's Redis is."""
 
     model_config = SettingsConfigDict(
@@ -58,17 +56,6 @@ class RoleSettings(BaseSettings):
 
     log_format: Literal["text", "json"] = "text"
     """``json``: one JSON object per log line, with the request's id (as the node's)."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return config_sources(settings_cls, init_settings, env_settings)
 
 
 class SchedulerSettings(RoleSettings):

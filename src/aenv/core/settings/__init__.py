@@ -21,11 +21,16 @@ from aenv.core.settings.observe import ObserveSettings
 from aenv.core.settings.pools import PoolSettings
 from aenv.core.settings.requests import RequestLimits
 from aenv.core.settings.sandboxes import SandboxSettings
-from aenv.core.settings.section import DEFAULT_CONFIG_FILE, Section, config_sources
+from aenv.core.settings.section import (
+    DEFAULT_CONFIG_FILE,
+    AenvSources,
+    Section,
+    config_sources,
+)
 from aenv.core.settings.storage import StorageSettings
 from aenv.core.settings.volumes import VolumeSettings
 
-__all__ = ["DEFAULT_CONFIG_FILE", "SECTIONS", "Settings", "config_sources", "load",
+__all__ = ["DEFAULT_CONFIG_FILE", "SECTIONS", "AenvSources", "Settings", "config_sources", "load",
            "reference_markdown"]
 
 #: The sections in the order ``docs/config.md`` lists them.

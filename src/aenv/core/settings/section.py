@@ -28,15 +28,9 @@ def config_sources(settings_cls: type[BaseSettings], init_settings: PydanticBase
     return tuple(sources)
 
 
-class Section(BaseSettings):
-    """One section of the node's settings (its fields are documented in its class body; the
-    class docstring's first line heads the section in ``docs/config.md``)."""
-
-    # Each section sets it again: pydantic reads attribute docstrings of the class that
-    # declares the field.
-    model_config = SettingsConfigDict(
-        env_prefix="AENV_", frozen=True, extra="forbid", use_attribute_docstrings=True
-    )
+class AenvSources(BaseSettings):
+    """Settings read from :func:`config_sources` (every aenv role's: node, gateway,
+    scheduler)."""
 
     @classmethod
     def settings_customise_sources(
@@ -48,3 +42,14 @@ class Section(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return config_sources(settings_cls, init_settings, env_settings)
+
+
+class Section(AenvSources):
+    """One section of the node's settings (its fields are documented in its class body; the
+    class docstring's first line heads the section in ``docs/config.md``)."""
+
+    # Each section sets it again: pydantic reads attribute docstrings of the class that
+    # declares the field.
+    model_config = SettingsConfigDict(
+        env_prefix="AENV_", frozen=True, extra="forbid", use_attribute_docstrings=True
+    )
