@@ -103,10 +103,6 @@ class PendingCommits:
     def __contains__(self, snapshot_id: str) -> bool:
         return snapshot_id in self._pending
 
-    def names(self) -> set[str]:
-        """The names of the pending snapshots (a new snapshot may not take one)."""
-        return {n for p in self._pending.values() for n in p.order.draft.names}
-
     def submit(self, order: CommitOrder, commit: Committer) -> None:
         """Run ``commit(order)`` until it is done (or can never be)."""
         snapshot_id = order.draft.snapshot_id

@@ -256,13 +256,7 @@ class SnapshotRepository:
         failed (after its retries). Nothing is visible; blobs already put wait for GC; the
         staged directory is left for the caller to :meth:`discard`.
         """
-        snapshot_id = check_snapshot_id(staged.snapshot_id)
-        if draft.snapshot_id != snapshot_id:
-            raise InvalidArgument(
-                f"manifest names snapshot {draft.snapshot_id!r}, staged is {snapshot_id!r}")
-        self._check_staged(staged)
-        if snapshot_id in self._index or snapshot_id in self._committing:
-            raise AlreadyExists(f"snapshot {snapshot_id} already exists")
+        snapshot_id = self._check_new(staged, draft)
         self._committing.add(snapshot_id)
         try:
             async with self._gate.commit():
@@ -294,13 +288,8 @@ class SnapshotRepository:
         store does not answer (one request is made first); ``OSError``; nothing is pending and
         the staged directory is left for the caller to :meth:`discard`.
         """
-        snapshot_id = check_snapshot_id(staged.snapshot_id)
-        if draft.snapshot_id != snapshot_id:
-            raise InvalidArgument(
-                f"manifest names snapshot {draft.snapshot_id!r}, staged is {snapshot_id!r}")
-        self._check_staged(staged)
-        if snapshot_id in self._index or snapshot_id in self._committing \
-                or snapshot_id in self._pending:
+        snapshot_id = self._check_new(staged, draft)
+        if snapshot_id in self._pending:
             raise AlreadyExists(f"snapshot {snapshot_id} already exists")
         # One request before the promise: a store that does not answer fails the snapshot
         # now (503, as a commit would), not a read of it later; and the id is free.
@@ -417,6 +406,18 @@ class SnapshotRepository:
                         ref.digest)
             self._present.discard(ref.digest)
             await self._push(ref, sources.get(ref.digest))
+
+    def _check_new(self, staged: Staged, draft: SnapshotDraft) -> str:
+        """The staged snapshot's id, once it matches ``draft`` and is not committed or being
+        committed here (else ``InvalidArgument``, ``AlreadyExists``)."""
+        snapshot_id = check_snapshot_id(staged.snapshot_id)
+        if draft.snapshot_id != snapshot_id:
+            raise InvalidArgument(
+                f"manifest names snapshot {draft.snapshot_id!r}, staged is {snapshot_id!r}")
+        self._check_staged(staged)
+        if snapshot_id in self._index or snapshot_id in self._committing:
+            raise AlreadyExists(f"snapshot {snapshot_id} already exists")
+        return snapshot_id
 
     def _check_staged(self, staged: Staged) -> None:
         # Never rename or delete a path the caller made up: only direct children of our staging
