@@ -45,6 +45,7 @@ from aenv.core.net import NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.ops.boot import precreate_sandbox, release
+from aenv.orchestrator.unwind import to_the_end
 from aenv.runtime.base import Instance
 
 log = logging.getLogger("aenv.orchestrator.precreated")
@@ -206,7 +207,9 @@ class PrecreatedPool:
         return Precreated(sandbox_id, shape, slot, instance)
 
     async def _discard(self, pre: Precreated) -> None:
-        await release(self.node, pre.sandbox_id, pre.slot, pre.instance)
+        # To its end even when cancelled: once out of ``_ready`` nothing else would destroy
+        # it (a node stopping while the pool changed shape left its runsc processes behind).
+        await to_the_end(release(self.node, pre.sandbox_id, pre.slot, pre.instance))
 
 
 def _gone(template: Template) -> bool:

@@ -1,0 +1,54 @@
+"""The pre-created pool destroys what it took out of its queue even when it is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from aenv.orchestrator import precreated
+from aenv.orchestrator.deps import Template
+from aenv.orchestrator.precreated import Precreated, PrecreatedPool, shape
+
+
+def _node(tmp_path: Path) -> Any:
+    settings = SimpleNamespace(default_cpu_count=1, default_memory_mb=512)
+    return SimpleNamespace(settings=settings, envd_bundle=tmp_path / "envd")
+
+
+def test_a_pool_stopped_while_it_changes_shape_destroys_the_sandbox_it_was_discarding(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in CI: the node stopped while the pool discarded sandboxes of a deleted
+    snapshot's shape; the cancelled destroy left that sandbox's runsc processes running."""
+    released: list[str] = []
+
+    async def slow_release(node: Any, sandbox_id: str, slot: Any, instance: Any) -> None:
+        await asyncio.sleep(0.3)  # a destroy waits for the host to reap the processes
+        released.append(sandbox_id)
+
+    async def never(*args: Any) -> Any:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(precreated, "release", slow_release)
+    monkeypatch.setattr(precreated, "precreate_sandbox", never)
+
+    async def scenario() -> None:
+        pool = PrecreatedPool(size=2)
+        pool._node = _node(tmp_path)
+        old = shape([tmp_path / "snapshot-layer"], tmp_path / "envd", 1, 512, None)
+        for name in ("a", "b"):
+            pool._ready.append(Precreated(name, old, slot=None, instance=None))  # type: ignore[arg-type]
+        pool._template = Template("base", None, (tmp_path / "base-layer",))
+        fill = asyncio.create_task(pool._fill())
+        await asyncio.sleep(0.05)  # in the destroy of "a"
+        fill.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fill
+        assert released == ["a"]
+        await pool.close()  # "b" is still queued: close destroys it
+        assert released == ["a", "b"]
+
+    asyncio.run(scenario())
