@@ -208,7 +208,7 @@ class PrecreatedPool:
 
     async def _discard(self, pre: Precreated) -> None:
         # To its end even when cancelled: once out of ``_ready`` nothing else would destroy
-        # it (a node stopping while the pool changed shape left its runsc processes behind).
+        # it (a node stopping while the pool changed shape left its runtime processes behind).
         await to_the_end(release(self.node, pre.sandbox_id, pre.slot, pre.instance))
 
 

@@ -16,10 +16,11 @@ blobs a crashed writer left behind are unreferenced and reclaimed by GC (``stora
 Delete removes the manifest (atomic); its blobs go with the next GC. Local staging is swept at
 start.
 
-Other nodes write the same repository: the index of manifests is refreshed from the store
-(:meth:`SnapshotRepository.refresh`) when asked for something it does not know, and at most
-every :data:`REFRESH_S` for listings. Starting a sandbox from a snapshot made elsewhere first
-fetches what this node lacks (:meth:`SnapshotRepository.materialize`), digests checked.
+Other nodes write the same repository: the index of manifests (``storage/manifest_index.py``)
+is refreshed from the store (:meth:`SnapshotRepository.refresh`) when asked for something it
+does not know, and at most every :data:`~aenv.storage.manifest_index.REFRESH_S` for listings.
+Starting a sandbox from a snapshot made elsewhere first fetches what this node lacks
+(:meth:`SnapshotRepository.materialize`), digests checked.
 """
 
 from __future__ import annotations
@@ -29,12 +30,9 @@ import builtins
 import datetime
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from pydantic import ValidationError
 
 from aenv.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from aenv.core.faults import fault
@@ -54,6 +52,7 @@ from aenv.storage.manifest import (
     check_snapshot_id,
     is_snapshot_id,
 )
+from aenv.storage.manifest_index import ManifestIndex, Snapshot, manifest_key
 from aenv.storage.materialize import LocalCopies, Materialized
 from aenv.storage.objects import ObjectStore
 from aenv.storage.pending_commits import CommitOrder, PendingCommits
@@ -69,33 +68,16 @@ __all__ = [
     "Staged",
     "check_snapshot_id",
     "is_snapshot_id",
+    "manifest_key",
 ]
 
 log = logging.getLogger("aenv.storage.repository")
 
-MANIFEST_PREFIX = "manifests/"
 BLOB_LIST_PREFIX = "blobs/"
 #: Blob puts one commit runs at once.
 PUT_CONCURRENCY = 4
 #: HEAD requests of the re-check at once (small requests: more of them in flight).
 CHECK_CONCURRENCY = 16
-#: How stale a listing may be (other nodes commit and delete behind our back).
-REFRESH_S = 1.0
-
-
-def manifest_key(snapshot_id: str) -> str:
-    return f"{MANIFEST_PREFIX}{check_snapshot_id(snapshot_id)}.json"
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A committed snapshot: its manifest."""
-
-    manifest: SnapshotManifest
-
-    @property
-    def snapshot_id(self) -> str:
-        return self.manifest.snapshot_id
 
 
 @dataclass(frozen=True)
@@ -124,8 +106,8 @@ class SnapshotRepository:
         self.staging = Path(staging)
         #: ``<home>/cache/images``.
         self.images = Path(images)
-        self._index: dict[str, Snapshot] = {}
-        self._refreshed = 0.0
+        #: The committed manifests, as last read from the store (``storage/manifest_index.py``).
+        self._manifests = ManifestIndex(store)
         self._committing: set[str] = set()
         #: Blob digests this process put, or found in the store, since its last GC pass: a
         #: commit does not ask for them again before its manifest (the re-check after it
@@ -173,45 +155,6 @@ class SnapshotRepository:
     async def close(self) -> None:
         """Let the commits in flight finish (for a while; the rest at the next start)."""
         await self._pending.close()
-
-    async def refresh(self, *, force: bool = False) -> None:
-        """Re-read the manifests of the store (at most every :data:`REFRESH_S` unless forced)."""
-        if not force and time.monotonic() - self._refreshed < REFRESH_S:
-            return
-        listed = await self.store.list(MANIFEST_PREFIX)
-        keys = {info.key for info in listed}
-        index: dict[str, Snapshot] = {}
-        for key in sorted(keys):
-            name = key.removeprefix(MANIFEST_PREFIX).removesuffix(".json")
-            known = self._index.get(name)
-            if known is not None:
-                index[name] = known
-                continue
-            snapshot = await self._load(key, name)
-            if snapshot is not None:
-                index[name] = snapshot
-        self._index = index
-        self._refreshed = time.monotonic()
-
-    async def _load(self, key: str, name: str) -> Snapshot | None:
-        if not key.endswith(".json") or not is_snapshot_id(name):
-            return None
-        try:
-            raw = await self.store.get_bytes(key)
-        except NotFound:
-            return None  # deleted between the listing and the read
-        try:
-            manifest = SnapshotManifest.model_validate_json(raw)
-        except ValidationError as exc:
-            log.error("skipping manifest %s: %s", key, str(exc).splitlines()[0])
-            return None
-        if manifest.snapshot_id != name:
-            log.error("skipping manifest %s: it names snapshot %r", key, manifest.snapshot_id)
-            return None
-        if manifest.format > MANIFEST_FORMAT:
-            log.error("skipping manifest %s: format %d is newer", key, manifest.format)
-            return None
-        return Snapshot(manifest)
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -310,11 +253,11 @@ class SnapshotRepository:
                     envd_bundle=Path(order.envd_bundle), disk=order.disk)
             except AlreadyExists:
                 # A try before this one (or before a crash) put the manifest already.
-                snapshot = await self._load(manifest_key(snapshot_id), snapshot_id)
+                snapshot = await self._manifests.load(snapshot_id)
                 if snapshot is None or snapshot.manifest.source_sandbox_id != \
                         order.draft.source_sandbox_id:
                     raise
-                self._index[snapshot_id] = snapshot
+                self._manifests.add(snapshot)
                 if snapshot.manifest.memory:
                     await asyncio.to_thread(self._local.link_image, snapshot.manifest)
                 await self.discard(staged)
@@ -368,7 +311,7 @@ class SnapshotRepository:
         fault(f"commit.{draft.kind}.manifest")
         await self._recheck(present, dict((r.digest, s) for r, s in sources))
         snapshot = Snapshot(manifest)
-        self._index[snapshot_id] = snapshot
+        self._manifests.add(snapshot)
         return snapshot
 
     async def _adopt_image(self, snapshot_id: str, memory_dir: Path) -> list[MemoryFile]:
@@ -415,7 +358,7 @@ class SnapshotRepository:
             raise InvalidArgument(
                 f"manifest names snapshot {draft.snapshot_id!r}, staged is {snapshot_id!r}")
         self._check_staged(staged)
-        if snapshot_id in self._index or snapshot_id in self._committing:
+        if snapshot_id in self._manifests or snapshot_id in self._committing:
             raise AlreadyExists(f"snapshot {snapshot_id} already exists")
         return snapshot_id
 
@@ -442,25 +385,30 @@ class SnapshotRepository:
         if snapshot is None or snapshot.snapshot_id != snapshot_id:
             raise NotFound(f"snapshot {snapshot_id} not found")
         await self.store.delete(manifest_key(snapshot_id))
-        self._index.pop(snapshot_id, None)
+        self._manifests.discard(snapshot_id)
         await asyncio.to_thread(rmtree, self.images / snapshot_id)
         log.info("deleted snapshot %s", snapshot_id)
 
-    # -- reading ------------------------------------------------------------------------------
+    # -- reading (the index: ``storage/manifest_index.py``) -----------------------------------
+
+    async def refresh(self, *, force: bool = False) -> None:
+        await self._manifests.refresh(force=force)
 
     def get(self, snapshot_id: str) -> Snapshot | None:
-        """The indexed snapshot ``snapshot_id``, or ``None`` (also for a malformed id)."""
-        if not is_snapshot_id(snapshot_id):
-            return None
-        return self._index.get(snapshot_id)
+        return self._manifests.get(snapshot_id)
 
     async def committed(self, snapshot_id: str) -> bool:
-        """Whether the store holds the manifest of ``snapshot_id`` now (one request, no
-        listing: the index may be stale)."""
-        found = await self.store.head(manifest_key(snapshot_id)) is not None
-        if not found:
-            self._index.pop(snapshot_id, None)
-        return found
+        return await self._manifests.committed(snapshot_id)
+
+    def find(self, name_or_id: str) -> Snapshot | None:
+        return self._manifests.find(name_or_id)
+
+    def list(self, *, sandbox_id: str | None = None, name: str | None = None,
+             kind: str | None = "snapshot") -> builtins.list[Snapshot]:
+        return self._manifests.list(sandbox_id=sandbox_id, name=name, kind=kind)
+
+    def referenced_digests(self) -> set[str]:
+        return self._manifests.referenced_digests()
 
     async def lookup(self, name_or_id: str, *, verify: bool = False) -> Snapshot | None:
         """:meth:`find`, refreshing the index from the store first if it does not know it.
@@ -475,9 +423,9 @@ class SnapshotRepository:
         if found is None and is_snapshot_id(name_or_id):
             # An id another node committed since the index was read: one request for it,
             # then (for names) a listing at most every REFRESH_S.
-            direct = await self._load(manifest_key(name_or_id), name_or_id)
+            direct = await self._manifests.load(name_or_id)
             if direct is not None:
-                self._index[name_or_id] = direct
+                self._manifests.add(direct)
                 return direct
             await self.refresh()
             found = self.find(name_or_id)
@@ -488,42 +436,6 @@ class SnapshotRepository:
         if snapshot is None or snapshot.snapshot_id != snapshot_id:
             raise NotFound(f"snapshot {snapshot_id} not found")
         return snapshot
-
-    def find(self, name_or_id: str) -> Snapshot | None:
-        """The snapshot with id ``name_or_id``, else the newest one (of any kind) with that name.
-
-        An id wins over a name, so naming a snapshot after another's id cannot hide that one.
-        """
-        by_id = self.get(name_or_id)
-        if by_id is not None:
-            return by_id
-        named = self.list(name=name_or_id, kind=None)
-        return named[0] if named else None
-
-    def list(
-        self,
-        *,
-        sandbox_id: str | None = None,
-        name: str | None = None,
-        kind: str | None = "snapshot",
-    ) -> builtins.list[Snapshot]:
-        """Indexed snapshots, newest first (``created_at`` descending, then id descending)."""
-        found = [
-            s
-            for s in self._index.values()
-            if (sandbox_id is None or s.manifest.source_sandbox_id == sandbox_id)
-            and (name is None or name in s.manifest.names)
-            and (kind is None or s.manifest.kind == kind)
-        ]
-        found.sort(key=lambda s: (s.manifest.created_at, s.snapshot_id), reverse=True)
-        return found
-
-    def referenced_digests(self) -> set[str]:
-        """Every blob an indexed manifest names."""
-        found: set[str] = set()
-        for snapshot in self._index.values():
-            found |= snapshot.manifest.digests()
-        return found
 
     # -- garbage collection -------------------------------------------------------------------
 
@@ -546,7 +458,7 @@ class SnapshotRepository:
                 await self.store.delete(key)
                 fault("gc.deleted")
         for name in listdir(self.images):
-            if not name.startswith(".") and name not in self._index:
+            if not name.startswith(".") and name not in self._manifests:
                 await asyncio.to_thread(rmtree, self.images / name)
         log.info("gc: deleted %d blobs (%.1f MB), kept %d referenced and %d recent",
                  len(plan.delete), plan.freed_bytes / 1e6, plan.kept_referenced,
