@@ -92,7 +92,9 @@ async def run_mode(
     start = time.monotonic()
     try:
         async with MeteredClient(ledger, run_id=f"rl-bench-{name}-{os.getpid()}") as client:
-            rewards = await RUNNERS[name](client, tasks, args.group, args.parallel, args.keep)
+            options = {"branch_from": args.branch_from} if name == "fork" else {}
+            rewards = await RUNNERS[name](client, tasks, args.group, args.parallel, args.keep,
+                                          **options)
     finally:
         wall = time.monotonic() - start
         memory = sampler.stop()
@@ -124,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--svg", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="fork: pause finished rollouts")
     parser.add_argument("--quick", action="store_true", help="1 task, G=4")
+    parser.add_argument("--branch-from", choices=("snapshot", "parent"), default="snapshot",
+                        help="fork: rollouts from a snapshot of the paused parent, or forks "
+                        "of the running parent")
     args = parser.parse_args(argv)
     apply_quick(args, parser, {"tasks": 1, "group": 4})
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

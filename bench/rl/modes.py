@@ -25,6 +25,7 @@ from typing import Any
 
 from aenv.client import Sandbox
 from aenv.rl import RolloutEnv, RolloutPool, Task
+from aenv.rl.branch import BranchFrom
 from aenv.rl.reward import score
 from aenv.rl.task import NEVER_IDLE_PAUSE
 from bench.rl.meter import MeteredClient
@@ -118,15 +119,18 @@ async def run_template(
 
 
 async def run_fork(
-    client: MeteredClient, tasks: list[Task], group: int, parallel: int, keep: bool = False
+    client: MeteredClient, tasks: list[Task], group: int, parallel: int, keep: bool = False,
+    branch_from: BranchFrom = "snapshot",
 ) -> list[float | None]:
     rewards: list[float | None] = []
     for task in tasks:
         async with RolloutPool(
-            client, max_parallel=parallel, keep=keep, rollout_timeout_s=SANDBOX_TIMEOUT_S
+            client, max_parallel=parallel, keep=keep, rollout_timeout_s=SANDBOX_TIMEOUT_S,
+            branch_from=branch_from,
         ) as pool:
             client.role = "parent"
             await pool.prepare(task)
+            client.role = "rollout"  # children of a snapshot are creates
             done = 0
             while done < group:
                 wave = min(parallel, group - done)

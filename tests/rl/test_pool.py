@@ -1,5 +1,6 @@
-"""``RolloutPool`` against a real node: G forked rollouts of a fix-the-failing-test task,
-rewards, trajectories, diffs, an agent that raises, cancellation, and nothing left behind."""
+"""``RolloutPool`` against a real node: G rollouts of a fix-the-failing-test task (created
+from a snapshot of the paused parent, or forked from the running one), rewards,
+trajectories, diffs, an agent that raises, cancellation, and nothing left behind."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ async def test_four_rollouts_two_fix_the_bug(client: AsyncClient, node: NodeServ
         trajectories = await pool.run(TASK, ScriptedAgent(), group_size=4, reward=REWARD)
         prepared = await pool.prepare(TASK)  # cached: the same parent
         assert on_node(node, run=client.run_id) == [prepared.sandbox_id]  # children killed
+        # The diffs resumed the parent for its side; it is paused again, and its snapshot
+        # (what the children were created from) stays until the pool closes.
+        assert await _paused(client, pool) == {prepared.sandbox_id}
+        assert len(await client.list_snapshots(sandbox_id=prepared.sandbox_id)) == 1
+    assert not await client.list_snapshots(sandbox_id=prepared.sandbox_id)
 
     assert [t.reward for t in trajectories] == [1.0, 0.0, 1.0, 0.0]
     assert all(t.scored and t.error is None and t.infra_error is None for t in trajectories)
@@ -52,9 +58,8 @@ async def test_prepare_is_cached_and_kept_rollouts_are_paused(client: AsyncClien
         second = await pool.run(TASK, ScriptedAgent(), group_size=1, reward=REWARD)
         parent = (await pool.prepare(TASK)).sandbox_id
         assert len(on_node(node, rl_task=TASK.key)) == 3  # the parent and two kept ones
-        paused = {s.sandbox_id for s in await client.list(state="paused",
-                                                          metadata=pool.labels)}
-        assert paused == {t.sandbox_id for t in first} and all(t.kept for t in first)
+        paused = await _paused(client, pool)
+        assert paused == {parent, *(t.sandbox_id for t in first)} and all(t.kept for t in first)
         assert not second[0].kept and second[0].reward == 1.0
         assert [t.reward for t in first] == [1.0, 0.0]
         assert parent in on_node(node, **pool.labels)
@@ -117,3 +122,19 @@ async def test_failing_setup_is_typed_and_leaves_nothing(client: AsyncClient,
             await pool.run(broken, ScriptedAgent(), group_size=2, reward="true")
         assert failed.value.result.exit_code == 3 and "exit 3" in failed.value.command
         assert on_node(node, run=client.run_id) == []
+
+
+async def test_rollouts_forked_from_the_running_parent(client: AsyncClient,
+                                                      node: NodeServer) -> None:
+    async with RolloutPool(client, branch_from="parent") as pool:
+        trajectories = await pool.run(TASK, ScriptedAgent(), group_size=2, reward=REWARD)
+        prepared = await pool.prepare(TASK)
+        assert await _paused(client, pool) == set()  # the parent runs; no snapshot was taken
+        assert not await client.list_snapshots(sandbox_id=prepared.sandbox_id)
+    assert [t.reward for t in trajectories] == [1.0, 0.0]
+    assert [c.path for c in trajectories[0].diff.changed] == [f"{REPO}/calc.py"]  # type: ignore[union-attr]
+    assert on_node(node, run=client.run_id) == []
+
+
+async def _paused(client: AsyncClient, pool: RolloutPool) -> set[str]:
+    return {s.sandbox_id for s in await client.list(state="paused", metadata=pool.labels)}

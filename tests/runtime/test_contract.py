@@ -40,7 +40,7 @@ from aenv.network import slots
 from aenv.network.pool import SlotPool
 from aenv.runtime.base import IMAGE_FILES, Instance, MemoryImage, Runtime, SandboxSpec
 from aenv.runtime.fake import FakeRuntime
-from tests.runtime.conftest import SandboxFactory
+from tests.runtime.conftest import SandboxFactory, leftovers
 
 pytestmark = pytest.mark.anyio
 
@@ -263,6 +263,25 @@ async def test_boot_observe_stats_destroy(harness: Harness) -> None:
     await harness.runtime.destroy(instance)
     assert spec.sandbox_id not in {o.sandbox_id for o in await harness.runtime.observe()}
     await harness.runtime.destroy(instance)  # idempotent
+
+
+async def test_stop_ends_the_sandbox_at_once_and_destroy_then_removes_it(
+        harness: Harness) -> None:
+    """What a kill answers after: ``stop`` kills the sandbox without the runtime's CLI, in
+    milliseconds; the ``destroy`` that follows leaves nothing, as for a live one."""
+    spec = harness.spec()
+    instance = await _boot(harness, spec)
+    started = time.monotonic()
+    await harness.runtime.stop(instance)
+    took = time.monotonic() - started
+    exit = await asyncio.wait_for(harness.runtime.wait_exit(instance), EXIT_SEEN_TIMEOUT_S)
+    assert exit.cause in ("killed", "exited"), exit
+    assert took < 0.5, took  # no CLI (one runsc call alone is ~50 ms here)
+    await harness.runtime.stop(instance)  # idempotent
+    await harness.runtime.destroy(instance)
+    assert spec.sandbox_id not in {o.sandbox_id for o in await harness.runtime.observe()}
+    if isinstance(harness, GvisorHarness):
+        assert leftovers(harness.factory.runtime, [spec.sandbox_id]) == []
 
 
 async def test_a_running_id_cannot_boot_twice(harness: Harness) -> None:

@@ -7,6 +7,8 @@ The modules, one job each:
 - ``task``: a task and its prepared parent;
 - ``env``: what an agent sees, every call recorded as a step;
 - ``reward``: command or callable graders;
+- ``branch``: where rollouts start (a snapshot of the paused parent, or forks);
+- ``baseline``: the paused parent's files, for diffs;
 - ``diff``: a rollout's files against its prepared state;
 - ``trajectory``: the record of one rollout;
 - ``pool``: the async rollout pool;

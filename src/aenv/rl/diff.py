@@ -8,8 +8,9 @@ rather than by copying trees:
    sandbox, so taking the parent's manifest does not change the state its rollouts fork from).
    The parent's is taken once, at prepare time; the rollout's after the agent is done;
 2. comparing the two manifests here (pure: :func:`compare`), then reading **only the changed
-   text files** from both sides: the old version from the prepared parent, which stays alive
-   and unchanged while its rollouts run, the new one from the rollout.
+   text files** from both sides: the old version from the prepared parent, unchanged while
+   its rollouts run (running, or paused and resumed for the read: ``baseline.py``), the new
+   one from the rollout.
 
 Binary files and text files past ``max_text_bytes`` carry sizes and hashes only; past
 ``max_patches`` files, further changes carry no patch either (``Diff.truncated``). Directories
@@ -26,6 +27,7 @@ import json
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aenv.client import ClientError, Sandbox
 
@@ -83,6 +85,13 @@ for root in cfg["roots"]:
                 out[path] = e
 json.dump(out, sys.stdout)
 """
+
+
+class FileSource(Protocol):
+    """Where a side of a diff is read from: a :class:`~aenv.client.Sandbox`, or the
+    prepared parent through ``baseline.Baseline``."""
+
+    async def read_file(self, path: str) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -176,12 +185,12 @@ def compare(old: Mapping[str, FileEntry], new: Mapping[str, FileEntry]) -> Plan:
                 removed=sorted(set(old) - set(new)))
 
 
-async def diff(parent: Sandbox, base: Manifest, rollout: Sandbox, roots: Iterable[str], *,
+async def diff(parent: FileSource, base: Manifest, rollout: Sandbox, roots: Iterable[str], *,
                exclude: Iterable[str] = DEFAULT_EXCLUDE, max_text_bytes: int = MAX_TEXT_BYTES,
                max_patches: int = MAX_PATCHES) -> Diff:
     """``rollout``'s files under ``roots`` against ``base``, the manifest of ``parent``.
 
-    Prerequisites: ``parent`` is running and unchanged since ``base`` was taken (the prepared
+    Prerequisites: ``parent`` reads files unchanged since ``base`` was taken (the prepared
     state); ``rollout`` is running.
     On success: the :class:`Diff`. On failure: the client's errors (``SandboxLost`` …)."""
     current = await take_manifest(rollout, roots, exclude=exclude, max_text_bytes=max_text_bytes)
@@ -189,7 +198,7 @@ async def diff(parent: Sandbox, base: Manifest, rollout: Sandbox, roots: Iterabl
     gate = asyncio.Semaphore(READ_PARALLELISM)
     budget = [max_patches]
 
-    async def read(sandbox: Sandbox, path: str) -> str | None:
+    async def read(sandbox: FileSource, path: str) -> str | None:
         async with gate:
             try:
                 return await sandbox.read_file(path)

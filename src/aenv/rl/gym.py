@@ -1,12 +1,13 @@
-"""Gymnasium-style envs over a task's prepared state: ``reset`` forks, ``step`` runs a command.
+"""Gymnasium-style envs over a task's prepared state: ``reset`` starts a child, ``step`` runs a
+command.
 
-``reset()`` kills the previous episode's sandbox and forks a fresh child of the prepared
-parent, so every episode starts from exactly the prepared state, at the cost of a fork rather
-than a setup. The observation at reset is the task's ``prompt``; a step's action is a shell
-command, run in the task's workdir, and its observation the command's stdout and stderr
-(cut to ``max_observation_chars``). The action ``submit`` ends the episode
-(``terminated``), and its reward is the task's grade (a command or callable, as for the
-pool); other steps are worth 0. ``max_steps`` truncates an episode.
+``reset()`` kills the previous episode's sandbox and starts a fresh child of the prepared
+state (the pool's ``branch_from``), so every episode starts from exactly the prepared state,
+at the cost of a restore rather than a setup. The observation at reset is the task's
+``prompt``; a step's action is a shell command, run in the task's workdir, and its
+observation the command's stdout and stderr (cut to ``max_observation_chars``). The action
+``submit`` ends the episode (``terminated``), and its reward is the task's grade (a command
+or callable, as for the pool); other steps are worth 0. ``max_steps`` truncates an episode.
 
 Infrastructure errors (``SandboxLost`` …) are raised, not folded into a reward: Gym's
 ``step`` has no slot for "this episode says nothing", and a silent 0 would train on it.

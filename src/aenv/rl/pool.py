@@ -10,10 +10,12 @@ sandboxes on the same client).
 
 Prerequisites: the pool is open (``async with pool:``).
 On success: G :class:`~aenv.rl.trajectory.Trajectory` objects in order. The task is prepared
-once per pool (the first run, or :meth:`RolloutPool.prepare`); the G children come from one
-fork call of the prepared parent (children the node refused with 429 are asked for again by
-the client, with backoff); at most ``max_parallel`` agents act at once; each rollout is then
-diffed against the prepared state and scored; finally killed, or paused when ``keep``.
+once per pool (the first run, or :meth:`RolloutPool.prepare`) and, by default, snapshotted
+and paused; the G children are created from that snapshot, or come from one fork call of the
+running parent with ``branch_from="parent"`` (``aenv.rl.branch``; children the node refused
+with 429 are asked for again by the client, with backoff); at most ``max_parallel`` agents
+act at once; each rollout is then diffed against the prepared state and scored; finally
+killed, or paused when ``keep``.
 On failure: a rollout's failure is recorded on its trajectory, never raised: the agent's or
 the grader's in ``error``, the platform's (fork refused, sandbox lost) in ``infra_error``.
 Raised: the task's :class:`~aenv.rl.errors.SetupFailed` and usage errors (a template that
@@ -22,8 +24,9 @@ On cancellation (or any exception escaping): every child of the call is killed, 
 before the cancellation propagates; the prepared parent stays cached until the pool closes.
 
 Closing the pool (its ``async with`` exit, also on an exception or cancellation) kills every
-child still kept, every prepared parent, and then whatever still carries the pool's label
-(a child of a fork the cancellation interrupted before its answer arrived).
+child still kept, every prepared parent (and deletes its snapshot), and then whatever still
+carries the pool's label (a child of a fork the cancellation interrupted before its answer
+arrived).
 """
 
 from __future__ import annotations
@@ -37,15 +40,15 @@ from collections.abc import Iterable
 from aenv.client import (
     AsyncClient,
     ClientError,
-    Conflict,
     Forked,
     InfrastructureError,
     Sandbox,
 )
+from aenv.rl.branch import Branch, BranchFrom, children, close_branch, open_branch
 from aenv.rl.diff import diff
 from aenv.rl.env import Agent, RolloutEnv
 from aenv.rl.reward import REWARD_TIMEOUT_S, Reward, score
-from aenv.rl.task import Prepared, Task, prepare
+from aenv.rl.task import NEVER_IDLE_PAUSE, Prepared, Task, prepare
 from aenv.rl.trajectory import Trajectory
 
 log = logging.getLogger("aenv.rl")
@@ -78,12 +81,15 @@ class RolloutPool:
 
     ``max_parallel``: agents acting at once. ``keep``: the default of ``run(keep=)``.
     ``rollout_timeout_s``: each child's lifetime on the node. ``agent_timeout_s``: an agent's
-    budget per rollout (past it, the rollout's ``error`` says so; None: no limit)."""
+    budget per rollout (past it, the rollout's ``error`` says so; None: no limit).
+    ``branch_from``: children from a snapshot of the paused parent, or forks of the running
+    parent (``aenv.rl.branch``)."""
 
     def __init__(self, client: AsyncClient, *, max_parallel: int = MAX_PARALLEL,
                  keep: bool = False, rollout_timeout_s: int = ROLLOUT_TIMEOUT_S,
                  agent_timeout_s: float | None = None,
-                 reward_timeout_s: float = REWARD_TIMEOUT_S) -> None:
+                 reward_timeout_s: float = REWARD_TIMEOUT_S,
+                 branch_from: BranchFrom = "snapshot") -> None:
         if max_parallel < 1:
             raise ValueError("max_parallel must be at least 1")
         self.client = client
@@ -93,9 +99,10 @@ class RolloutPool:
         self.rollout_timeout_s = rollout_timeout_s
         self.agent_timeout_s = agent_timeout_s
         self.reward_timeout_s = reward_timeout_s
+        self.branch_from: BranchFrom = branch_from
         self._gate = asyncio.Semaphore(max_parallel)
         #: Task key → its prepare, shared by concurrent callers (one sandbox per task).
-        self._prepared: dict[str, asyncio.Task[Prepared]] = {}
+        self._prepared: dict[str, asyncio.Task[Branch]] = {}
         #: Children forked and not yet killed (kept ones included), by id.
         self._live: dict[str, Sandbox] = {}
         self._closed = False
@@ -119,14 +126,25 @@ class RolloutPool:
     async def prepare(self, task: Task) -> Prepared:
         """The task's prepared parent, made on the first call and reused after; a failed
         prepare is forgotten (the next call tries again)."""
+        return (await self._branch(task)).prepared
+
+    async def _branch(self, task: Task) -> Branch:
         self._check_open()
         job = self._prepared.get(task.key)
         if job is None or (job.done() and (job.cancelled() or job.exception() is not None)):
-            job = asyncio.ensure_future(prepare(self.client, task, labels=self.labels))
+            job = asyncio.ensure_future(self._open(task))
             self._prepared[task.key] = job
         # Shielded: one caller's cancellation must not cancel a prepare others wait for;
         # an orphaned prepare finishes and is cached, and aclose kills it.
         return await asyncio.shield(job)
+
+    async def _open(self, task: Task) -> Branch:
+        prepared = await prepare(self.client, task, labels=self.labels)
+        try:
+            return await open_branch(prepared, self.branch_from)
+        except BaseException:
+            await asyncio.shield(self._kill([prepared.sandbox]))
+            raise
 
     async def release(self, task: Task) -> None:
         """Kill the task's prepared parent now (its rollouts must be done with it)."""
@@ -140,7 +158,7 @@ class RolloutPool:
         """``count`` children of the task's prepared state, owned by the pool (killed on its
         exit): the primitive under ``run``, for callers with their own loop (the Gym env)."""
         self._check_open()
-        return await self._fork(await self.prepare(task), count)
+        return await self._fork(await self._branch(task), count)
 
     async def kill(self, sandbox: Sandbox) -> None:
         """Kill one of the pool's children now."""
@@ -152,12 +170,12 @@ class RolloutPool:
         if group_size < 1:
             raise ValueError("group_size must be at least 1")
         keep = self.keep if keep is None else keep
-        prepared = await self.prepare(task)
+        branch = await self._branch(task)
         trajectories = [Trajectory(i) for i in range(group_size)]
         children: list[Sandbox] = []
         try:
             try:
-                forked = await self._fork(prepared, group_size)
+                forked = await self._fork(branch, group_size)
             except InfrastructureError as exc:
                 for trajectory in trajectories:
                     trajectory.infra_error = _describe(exc)
@@ -169,29 +187,28 @@ class RolloutPool:
                                          strict=False):
                 trajectory.infra_error = _describe(error)
             await asyncio.gather(*(
-                self._rollout(prepared, child, trajectory, agent, reward, keep, compute_diff)
+                self._rollout(branch, child, trajectory, agent, reward, keep, compute_diff)
                 for child, trajectory in zip(children, trajectories, strict=False)))
         except BaseException:
             # Shielded, so a cancelled run still kills its children before it propagates.
             await asyncio.shield(self._kill(c for c in children if c.sandbox_id in self._live))
             raise
+        finally:
+            await asyncio.shield(branch.baseline.rest())  # a diff may have resumed the parent
         return trajectories
 
-    async def _fork(self, prepared: Prepared, count: int) -> Forked:
-        try:
-            forked = await self.client.fork(prepared.sandbox_id, count,
-                                            timeout=self.rollout_timeout_s)
-        except Conflict:
-            # Paused after all (a node-wide auto-pause, an operator): resume it, once.
-            await self.client.resume(prepared.sandbox_id)
-            forked = await self.client.fork(prepared.sandbox_id, count,
-                                            timeout=self.rollout_timeout_s)
+    async def _fork(self, branch: Branch, count: int) -> Forked:
+        task = branch.prepared.task
+        forked = await children(self.client, branch, count, timeout=self.rollout_timeout_s,
+                                metadata={**NEVER_IDLE_PAUSE, **self.labels,
+                                          "rl_task": task.key})
         for child in forked:
             self._live[child.sandbox_id] = child
         return forked
 
-    async def _rollout(self, prepared: Prepared, child: Sandbox, trajectory: Trajectory,
+    async def _rollout(self, branch: Branch, child: Sandbox, trajectory: Trajectory,
                        agent: Agent, reward: Reward, keep: bool, compute_diff: bool) -> None:
+        prepared = branch.prepared
         env = RolloutEnv(child, prepared.task.workdir, index=trajectory.index)
         trajectory.steps = env.steps  # the same list: steps recorded even if the agent hangs
         async with self._gate:
@@ -209,17 +226,18 @@ class RolloutPool:
                 trajectory.error = _describe(exc)
             trajectory.timings["agent"] = time.monotonic() - start
             if trajectory.infra_error is None:
-                await self._grade(prepared, env, trajectory, reward, compute_diff)
+                await self._grade(branch, env, trajectory, reward, compute_diff)
         await self._finish(child, trajectory, keep)
 
-    async def _grade(self, prepared: Prepared, env: RolloutEnv, trajectory: Trajectory,
+    async def _grade(self, branch: Branch, env: RolloutEnv, trajectory: Trajectory,
                      reward: Reward, compute_diff: bool) -> None:
         """Diff first (the agent's change, before the grader writes byte-code or logs), then
         the reward. A failure is recorded, by whose fault it was."""
         try:
             if compute_diff:
                 start = time.monotonic()
-                trajectory.diff = await diff(prepared.sandbox, prepared.manifest, env.sandbox,
+                prepared = branch.prepared
+                trajectory.diff = await diff(branch.baseline, prepared.manifest, env.sandbox,
                                              prepared.task.roots)
                 trajectory.timings["diff"] = time.monotonic() - start
             start = time.monotonic()
@@ -265,13 +283,13 @@ class RolloutPool:
         except ClientError as exc:
             log.warning("pool %s: the sweep by label failed: %s", self.id, exc)
 
-    async def _kill_prepared(self, job: asyncio.Task[Prepared]) -> None:
+    async def _kill_prepared(self, job: asyncio.Task[Branch]) -> None:
         if not job.done():
             job.cancel()  # prepare kills its own sandbox when cancelled
         # Waited, not awaited: the job's own cancellation or failure is not ours to raise.
         await asyncio.wait([job])
         if not job.cancelled() and job.exception() is None:
-            await self._kill([job.result().sandbox])
+            await close_branch(self.client, job.result())
 
     async def _kill(self, sandboxes: Iterable[Sandbox]) -> None:
         async def one(sandbox: Sandbox) -> None:

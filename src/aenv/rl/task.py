@@ -3,9 +3,10 @@
 Preparing is the expensive part of an episode (a repository checked out, dependencies
 installed), so it happens once per task and pool: :func:`prepare` creates one sandbox from the
 task's template, writes its files, runs its setup commands, and takes the diff baseline
-(``diff.Manifest``) while nothing else touches it. Rollouts are fork children of that sandbox;
-the parent itself is never changed afterwards, which is what lets ``diff.py`` read a file's
-old version from it while the rollouts run.
+(``diff.Manifest``) while nothing else touches it. Rollouts start from that sandbox (creates
+from its snapshot, or forks of it: ``branch.py``); the parent itself is never changed
+afterwards, which is what lets ``diff.py`` read a file's old version from it while the
+rollouts run.
 
 Prerequisites: an open :class:`~aenv.client.AsyncClient`; the template exists on the node.
 On success: a :class:`Prepared` holding the running parent (labelled with the client's run, so

@@ -186,6 +186,12 @@ class Runtime(Protocol):
         """Continue a frozen sandbox."""
         ...
 
+    async def stop(self, instance: Instance) -> None:
+        """Kill every process of the sandbox now, without waiting for them or releasing
+        anything: from its return nothing of the sandbox runs or writes. Milliseconds (no
+        runtime CLI); ``destroy`` still follows. Idempotent; an unknown sandbox is fine."""
+        ...
+
     async def destroy(self, instance: Instance) -> None:
         """Kill every process of the sandbox and release the driver's state. Idempotent."""
         ...

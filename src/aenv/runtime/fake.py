@@ -247,6 +247,12 @@ class FakeRuntime:
         if sandbox.guest is not None:
             sandbox.guest.thaw()
 
+    async def stop(self, instance: Instance) -> None:
+        """End the sandbox's guest; ``destroy`` forgets it."""
+        sandbox = self._sandboxes.get(instance.runtime_id)
+        if sandbox is not None and sandbox.status != "stopped":
+            sandbox.end(Exit("killed", "the sandbox's runtime was killed by SIGKILL"))
+
     async def destroy(self, instance: Instance) -> None:
         """Forget the sandbox. Idempotent."""
         sandbox = self._sandboxes.pop(instance.runtime_id, None)

@@ -298,6 +298,13 @@ class GvisorRuntime:
         await self._remove(instance.runtime_id, instance.sandbox_id,
                            keep_logs=self.config.keep_logs)
 
+    async def stop(self, instance: Instance) -> None:
+        """SIGKILL what is in the sandbox's cgroup (the sandbox process, gVisor's kernel, with
+        it every guest process): nothing of it runs after this. By cgroup, not by the pid
+        recorded at start, which may have been reused since. ``destroy`` then finds it
+        dead: runsc deletes a dead sandbox as a live one, without the wait for it to exit."""
+        cgroups.kill_left(self._cgroup(instance.runtime_id))
+
     async def observe(self) -> list[Observed]:
         """Every sandbox under our runsc root, as runsc sees it now.
 

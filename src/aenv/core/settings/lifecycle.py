@@ -53,8 +53,9 @@ class LifecycleSettings(Section):
     back running or paused (docs/lifecycle.md, *The lifecycle model*)."""
 
     kill_answer_s: float = Field(default=3.0, gt=0)
-    """A kill answers once the sandbox is torn down, or after this many seconds while the
-    teardown goes on in the background (the sandbox is gone for clients either way)."""
+    """A kill answers once the sandbox's processes are killed (its release goes on as the
+    kill's task), or after this many seconds while the teardown goes on in the background
+    (the sandbox is gone for clients either way)."""
 
     kill_deadline_s: float = Field(default=120.0, gt=0)
     """The longest a kill's teardown may take; a teardown past it is retried by the TTL

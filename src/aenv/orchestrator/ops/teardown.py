@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections.abc import Awaitable, Callable
 
 from aenv.orchestrator.context import Node
@@ -21,12 +22,21 @@ from aenv.store.models import SandboxRecord
 log = logging.getLogger("aenv.orchestrator")
 
 
-async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False) -> None:
+async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False,
+                   stopped: asyncio.Event | None = None) -> None:
     """``lazy``: detach a busy rootfs instead of failing (recovery, where a runtime that would
-    not die must not keep the sandbox's files mounted forever)."""
+    not die must not keep the sandbox's files mounted forever). ``stopped`` is set once the
+    sandbox's processes are killed, before anything is released (a kill answers then)."""
     sid = record.sandbox_id
     slot, instance = decode(record.instance, sid)
     node.streams.abort(sid)
+    if instance is not None:
+        try:
+            await node.runtime.stop(instance)
+        except Exception as exc:  # destroy, next, kills it the slow way
+            log.warning("teardown of %s: could not stop it at once: %s", sid, exc)
+    if stopped is not None:
+        stopped.set()
     steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
     if instance is not None:
         steps.append(("runtime", lambda: node.runtime.destroy(instance)))
@@ -36,9 +46,12 @@ async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False) -> 
         steps.append(("network slot", lambda: node.pool.release(slot)))
     first: Exception | None = None
     runtime_left = False
+    took: list[str] = []
     for what, step in steps:
+        started = time.perf_counter()
         try:
             await step()
+            took.append(f"{what} {(time.perf_counter() - started) * 1000:.0f}")
         except Exception as exc:
             log.warning("teardown of %s: could not release its %s: %s", sid, what,
                         getattr(exc, "message", exc))
@@ -56,5 +69,6 @@ async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False) -> 
     image = node.paused_dir / sid
     for path in (image, image.with_name(image.name + ".partial")):
         await asyncio.to_thread(shutil.rmtree, path, True)
+    log.debug("teardown of %s (ms): %s", sid, ", ".join(took))
     if first is not None:
         raise first
