@@ -21,6 +21,7 @@ Owns nothing on the node: it only reads ``/proc``, the node's cgroups and its ho
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import threading
 import time
@@ -130,12 +131,23 @@ class Ledger:
 class MeteredClient(AsyncClient):
     """An ``AsyncClient`` that tells the ledger when each of its sandboxes runs, pauses or is
     killed (at the node's answer). ``role``: the label the next sandboxes get (set per phase
-    by the mode: ``build``, ``episode``, ``parent``, ``rollout``)."""
+    by the mode: ``build``, ``episode``, ``parent``, ``rollout``); per asyncio task, so that
+    two tasks in different phases at once each label their own sandboxes (a task started
+    afterwards inherits the role of its starter)."""
 
     def __init__(self, ledger: Ledger, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ledger = ledger
-        self.role = "episode"
+        self._role: contextvars.ContextVar[str] = contextvars.ContextVar("role",
+                                                                         default="episode")
+
+    @property
+    def role(self) -> str:
+        return self._role.get()
+
+    @role.setter
+    def role(self, value: str) -> None:
+        self._role.set(value)
 
     async def create(self, template: str = "base", **kwargs: Any) -> Sandbox:
         sandbox = await super().create(template, **kwargs)

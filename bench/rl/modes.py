@@ -7,11 +7,15 @@
   snapshot, runs the agent and the reward, and is killed. No fork. The snapshots are deleted
   at the end. (A template build through ``aenv template`` would bake the same state into an
   image; the snapshot is what the node restores fastest and needs no Dockerfile.)
-* ``fork``: ``aenv.rl.RolloutPool`` per task: the task is prepared once (create + setup +
-  the diff baseline), rollouts are forked from it in waves of ``parallel`` children (one fork
-  call per wave, so no child waits, running, for an agent slot), each finished rollout is
-  killed (or, with ``keep``, paused, as a trainer does that wants them later); closing the
-  pool after the task's last wave kills the paused rollouts and the prepared parent.
+* ``fork``: one ``aenv.rl.RolloutPool`` for the tasks, which run at once (a trainer's
+  batch): each task is prepared once (create + setup + the diff baseline); by default
+  (``--branch-from snapshot``) the parent is then snapshotted and paused, and each rollout is
+  created from the snapshot once one of the pool's ``parallel`` agent slots is free for it
+  (one ``pool.run`` per task); with ``--branch-from parent``, rollouts are forked from the
+  running parent in waves of ``parallel`` (one ``pool.run`` per wave, so no child waits,
+  running, for an agent slot). Each finished rollout is killed (or, with ``keep``, paused, as
+  a trainer does that wants them later); closing the pool kills the paused rollouts and the
+  prepared parents, and deletes the snapshots.
 
 Every mode runs at most ``parallel`` agents at once, the same agent and the same reward; no
 mode computes diffs (``compute_diff=False``), so the grading work is the same in all three.
@@ -24,7 +28,7 @@ import shlex
 from typing import Any
 
 from aenv.client import Sandbox
-from aenv.rl import RolloutEnv, RolloutPool, Task
+from aenv.rl import RolloutEnv, RolloutPool, Task, Trajectory
 from aenv.rl.branch import BranchFrom
 from aenv.rl.reward import score
 from aenv.rl.task import NEVER_IDLE_PAUSE
@@ -122,27 +126,43 @@ async def run_fork(
     client: MeteredClient, tasks: list[Task], group: int, parallel: int, keep: bool = False,
     branch_from: BranchFrom = "snapshot",
 ) -> list[float | None]:
-    rewards: list[float | None] = []
-    for task in tasks:
-        async with RolloutPool(
-            client, max_parallel=parallel, keep=keep, rollout_timeout_s=SANDBOX_TIMEOUT_S,
-            branch_from=branch_from,
-        ) as pool:
-            client.role = "parent"
+    async with RolloutPool(
+        client, max_parallel=parallel, keep=keep, rollout_timeout_s=SANDBOX_TIMEOUT_S,
+        branch_from=branch_from,
+    ) as pool:
+
+        async def one(task: Task) -> list[float | None]:
+            client.role = "parent"  # this asyncio task's: the other task's are its own
             await pool.prepare(task)
             client.role = "rollout"  # children of a snapshot are creates
+            if branch_from == "snapshot":
+                # One call: each child is created when one of the pool's agent slots is
+                # free, so none waits running for a slot.
+                trajectories = await pool.run(
+                    task, _Indexed(0), group_size=group, reward=REWARD, compute_diff=False)
+                return _rewards(trajectories)
+            # Forks: one call per wave of ``parallel``, or the children forked ahead of an
+            # agent slot would wait, running (and metered).
+            rewards: list[float | None] = []
             done = 0
             while done < group:
                 wave = min(parallel, group - done)
-                trajectories = await pool.run(
-                    task, _Indexed(done), group_size=wave, reward=REWARD, compute_diff=False
-                )
-                for t in trajectories:
-                    if t.infra_error or t.error:
-                        raise RuntimeError(f"rollout {t.index}: {t.infra_error or t.error}")
-                rewards += [t.reward for t in trajectories]
+                rewards += _rewards(await pool.run(
+                    task, _Indexed(done), group_size=wave, reward=REWARD, compute_diff=False))
                 done += wave
-    return rewards
+            return rewards
+
+        # The tasks at once, as a trainer's batch: one task's setup runs while the other's
+        # rollouts do; the pool's ``parallel`` agent slots are shared.
+        per_task = await asyncio.gather(*(one(task) for task in tasks))
+    return [reward for rewards in per_task for reward in rewards]
+
+
+def _rewards(trajectories: list[Trajectory]) -> list[float | None]:
+    for t in trajectories:
+        if t.infra_error or t.error:
+            raise RuntimeError(f"rollout {t.index}: {t.infra_error or t.error}")
+    return [t.reward for t in trajectories]
 
 
 class _Indexed:

@@ -11,11 +11,12 @@ sandboxes on the same client).
 Prerequisites: the pool is open (``async with pool:``).
 On success: G :class:`~aenv.rl.trajectory.Trajectory` objects in order. The task is prepared
 once per pool (the first run, or :meth:`RolloutPool.prepare`) and, by default, snapshotted
-and paused; the G children are created from that snapshot, or come from one fork call of the
-running parent with ``branch_from="parent"`` (``aenv.rl.branch``; children the node refused
-with 429 are asked for again by the client, with backoff); at most ``max_parallel`` agents
-act at once; each rollout is then diffed against the prepared state and scored; finally
-killed, or paused when ``keep``.
+and paused; each child is then created from that snapshot when an agent slot is free for it
+(no child waits running, no rollout waits for another), or, with ``branch_from="parent"``,
+the G children come from one fork call of the running parent (``aenv.rl.branch``; children
+the node refused with 429 are asked for again by the client, with backoff); at most
+``max_parallel`` agents act at once; each rollout is then diffed against the prepared state
+and scored; finally killed, or paused when ``keep``.
 On failure: a rollout's failure is recorded on its trajectory, never raised: the agent's or
 the grader's in ``error``, the platform's (fork refused, sandbox lost) in ``infra_error``.
 Raised: the task's :class:`~aenv.rl.errors.SetupFailed` and usage errors (a template that
@@ -172,23 +173,17 @@ class RolloutPool:
         keep = self.keep if keep is None else keep
         branch = await self._branch(task)
         trajectories = [Trajectory(i) for i in range(group_size)]
+        #: Every child this call started, as it starts (killed if the call fails).
         children: list[Sandbox] = []
         try:
-            try:
-                forked = await self._fork(branch, group_size)
-            except InfrastructureError as exc:
-                for trajectory in trajectories:
-                    trajectory.infra_error = _describe(exc)
-                return trajectories
-            children = list(forked)
-            for trajectory, child in zip(trajectories, children, strict=False):
-                trajectory.sandbox_id = child.sandbox_id
-            for trajectory, error in zip(trajectories[len(children):], forked.errors,
-                                         strict=False):
-                trajectory.infra_error = _describe(error)
-            await asyncio.gather(*(
-                self._rollout(branch, child, trajectory, agent, reward, keep, compute_diff)
-                for child, trajectory in zip(children, trajectories, strict=False)))
+            if branch.snapshot_id is None:
+                await self._run_forked(branch, trajectories, children, agent, reward, keep,
+                                       compute_diff)
+            else:
+                await asyncio.gather(*(
+                    self._run_created(branch, trajectory, children, agent, reward, keep,
+                                      compute_diff)
+                    for trajectory in trajectories))
         except BaseException:
             # Shielded, so a cancelled run still kills its children before it propagates.
             await asyncio.shield(self._kill(c for c in children if c.sandbox_id in self._live))
@@ -196,6 +191,51 @@ class RolloutPool:
         finally:
             await asyncio.shield(branch.baseline.rest())  # a diff may have resumed the parent
         return trajectories
+
+    async def _run_forked(self, branch: Branch, trajectories: list[Trajectory],
+                          children: list[Sandbox], agent: Agent, reward: Reward, keep: bool,
+                          compute_diff: bool) -> None:
+        """One fork call for every rollout; a child waits, running, for an agent slot."""
+        try:
+            forked = await self._fork(branch, len(trajectories))
+        except InfrastructureError as exc:
+            for trajectory in trajectories:
+                trajectory.infra_error = _describe(exc)
+            return
+        children.extend(forked)
+        for trajectory, child in zip(trajectories, forked, strict=False):
+            trajectory.sandbox_id = child.sandbox_id
+        for trajectory, error in zip(trajectories[len(forked):], forked.errors, strict=False):
+            trajectory.infra_error = _describe(error)
+
+        async def one(child: Sandbox, trajectory: Trajectory) -> None:
+            async with self._gate:
+                await self._act_and_grade(branch, child, trajectory, agent, reward,
+                                          compute_diff)
+            await self._finish(child, trajectory, keep)
+
+        await asyncio.gather(*(one(c, t) for c, t in zip(forked, trajectories, strict=False)))
+
+    async def _run_created(self, branch: Branch, trajectory: Trajectory,
+                           children: list[Sandbox], agent: Agent, reward: Reward, keep: bool,
+                           compute_diff: bool) -> None:
+        """One rollout whose child is created from the snapshot once an agent slot is free:
+        no child waits running for a slot, and no rollout waits for another's start."""
+        async with self._gate:
+            try:
+                started = await self._fork(branch, 1)
+            except InfrastructureError as exc:
+                trajectory.infra_error = _describe(exc)
+                return
+            if not started:
+                trajectory.infra_error = (_describe(started.errors[0]) if started.errors
+                                          else "the node started no child")
+                return
+            child = started[0]
+            children.append(child)
+            trajectory.sandbox_id = child.sandbox_id
+            await self._act_and_grade(branch, child, trajectory, agent, reward, compute_diff)
+        await self._finish(child, trajectory, keep)
 
     async def _fork(self, branch: Branch, count: int) -> Forked:
         task = branch.prepared.task
@@ -206,28 +246,26 @@ class RolloutPool:
             self._live[child.sandbox_id] = child
         return forked
 
-    async def _rollout(self, branch: Branch, child: Sandbox, trajectory: Trajectory,
-                       agent: Agent, reward: Reward, keep: bool, compute_diff: bool) -> None:
-        prepared = branch.prepared
-        env = RolloutEnv(child, prepared.task.workdir, index=trajectory.index)
+    async def _act_and_grade(self, branch: Branch, child: Sandbox, trajectory: Trajectory,
+                             agent: Agent, reward: Reward, compute_diff: bool) -> None:
+        """The agent on ``child``, then the diff and the reward (inside the caller's slot)."""
+        env = RolloutEnv(child, branch.prepared.task.workdir, index=trajectory.index)
         trajectory.steps = env.steps  # the same list: steps recorded even if the agent hangs
-        async with self._gate:
-            start = time.monotonic()
-            try:
-                async with asyncio.timeout(self.agent_timeout_s):
-                    await agent.act(env)
-            except InfrastructureError as exc:
-                _propagate_cancellation()
-                trajectory.infra_error = _describe(exc)
-            except TimeoutError:
-                trajectory.error = f"TimeoutError: the agent ran past {self.agent_timeout_s} s"
-            except Exception as exc:
-                _propagate_cancellation()
-                trajectory.error = _describe(exc)
-            trajectory.timings["agent"] = time.monotonic() - start
-            if trajectory.infra_error is None:
-                await self._grade(branch, env, trajectory, reward, compute_diff)
-        await self._finish(child, trajectory, keep)
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(self.agent_timeout_s):
+                await agent.act(env)
+        except InfrastructureError as exc:
+            _propagate_cancellation()
+            trajectory.infra_error = _describe(exc)
+        except TimeoutError:
+            trajectory.error = f"TimeoutError: the agent ran past {self.agent_timeout_s} s"
+        except Exception as exc:
+            _propagate_cancellation()
+            trajectory.error = _describe(exc)
+        trajectory.timings["agent"] = time.monotonic() - start
+        if trajectory.infra_error is None:
+            await self._grade(branch, env, trajectory, reward, compute_diff)
 
     async def _grade(self, branch: Branch, env: RolloutEnv, trajectory: Trajectory,
                      reward: Reward, compute_diff: bool) -> None:
