@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 from e2b import Sandbox
@@ -182,6 +183,13 @@ def test_a_create_that_finds_every_slot_taken_gets_one_a_waiting_sandbox_held() 
 _RESTORED_INTO = re.compile(r"restored sandbox (\w+) \(pid \d+\) into pre-created sandbox (\w+)")
 
 
+def _wait_gone(*paths: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(p.exists() for p in paths):
+        assert time.monotonic() < deadline, [str(p) for p in paths if p.exists()]
+        time.sleep(0.1)
+
+
 def _paused_to_disk(node: NodeServer, sandbox_id: str, times: int = 1,
                     timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
@@ -238,6 +246,6 @@ def test_a_resume_from_disk_takes_a_precreated_sandbox_and_survives_a_crash() ->
         assert sid in {i.sandbox_id for i in Sandbox.list().next_items()}
         _check_resumed(Sandbox.connect(sid, timeout=300), nonce)
         Sandbox.kill(sid)
-        assert not (node.home / "sandboxes" / sid).exists()
-        assert not (node.home / "runtime" / sid).exists()
+        # The kill answers once the sandbox is stopped; its files go right after.
+        _wait_gone(node.home / "sandboxes" / sid, node.home / "runtime" / sid)
     assert not leaked_sandboxes(node.home)

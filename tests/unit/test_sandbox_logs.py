@@ -112,7 +112,8 @@ def test_what_each_event_says() -> None:
                       {"event": "state:killing", "from": "running", "reason": "timeout"})
     died = render("died", {"cause": "oom", "message": "out of memory"})
     assert died is not None and died[:2] == ("error", "sandbox died: out of memory")
-    assert render("deleted", None)[1] == "sandbox killed"  # type: ignore[index]
+    assert render("killed", None)[1] == "sandbox killed"  # type: ignore[index]
+    assert render("deleted", None) is None  # the release, after the kill said so
     assert render("something-else", None) is None
     assert console_level("Traceback (most recent call last):") == "error"
     assert console_level("WARNING: x") == "warn"

@@ -5,9 +5,12 @@ console, kept per sandbox across pauses and resumes and for ``keep_s`` after it 
 Two sources:
 
 * **Lifecycle**: every event the store records (``Store.on_event``: each state change, a
-  death, the end) becomes one entry — ``sandbox created``, ``sandbox paused``, ``sandbox
-  resumed``, ``sandbox forked``, ``snapshot taken``, ``sandbox killed``, ``sandbox died:
-  <reason>`` — with the event in ``fields``. Queued in line, written by the next flush.
+  death) becomes one entry — ``sandbox created``, ``sandbox paused``, ``sandbox resumed``,
+  ``sandbox forked``, ``snapshot taken``, ``sandbox died: <reason>`` — with the event in
+  ``fields``; ``sandbox killed`` comes from the kill (``ops/kill.py``) once the sandbox's
+  processes are stopped and its console read a last time, which is before the kill answers
+  (the record itself goes later, when everything is released). Queued in line, written by
+  the next flush.
 * **Console**: the runtime's console file of the sandbox (``Runtime.console_log``) — envd's
   own lines, and the start command's output, which envd copies there (``source: start``) —
   read
@@ -63,8 +66,10 @@ def render(kind: str, detail: Any) -> tuple[str, str, dict[str, str]] | None:
     if kind == "died":
         reason = str(detail.get("message") or "its runtime exited")
         return "error", f"sandbox died: {reason}", {**fields, "reason": reason}
-    if kind == "deleted":
+    if kind == "killed":
         return "info", "sandbox killed", fields
+    if kind == "deleted":
+        return None  # the release after a kill, which said "sandbox killed" already
     if kind == SPILL_ENDED:
         return "debug", "the paused sandbox's memory write to disk ended", fields
     if kind == "updated":

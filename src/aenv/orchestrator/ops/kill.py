@@ -136,7 +136,13 @@ async def _finish(node: Node, sandbox_id: str, stopped: asyncio.Event) -> None:
             await node.logbook.collect(sandbox_id, record.team_id)
     except Exception:
         log.warning("could not read the last console lines of %s", sandbox_id, exc_info=True)
-    await teardown(node, record, stopped=stopped)
+    def now_stopped() -> None:
+        # Here, not at the record's deletion: the kill answers now, and its log is to say
+        # so (after the console's last lines, read above).
+        node.logbook.on_event(sandbox_id, record.team_id, "killed", {}, record)
+        stopped.set()
+
+    await teardown(node, record, on_stopped=now_stopped)
     node.logbook.forget(sandbox_id)
     disk_mode.forget(node, sandbox_id)
     # Published or not as far as the record knows: a crash between a resume and its

@@ -23,10 +23,10 @@ log = logging.getLogger("aenv.orchestrator")
 
 
 async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False,
-                   stopped: asyncio.Event | None = None) -> None:
+                   on_stopped: Callable[[], None] | None = None) -> None:
     """``lazy``: detach a busy rootfs instead of failing (recovery, where a runtime that would
-    not die must not keep the sandbox's files mounted forever). ``stopped`` is set once the
-    sandbox's processes are killed, before anything is released (a kill answers then)."""
+    not die must not keep the sandbox's files mounted forever). ``on_stopped`` is called once
+    the sandbox's processes are killed, before anything is released (a kill answers then)."""
     sid = record.sandbox_id
     slot, instance = decode(record.instance, sid)
     node.streams.abort(sid)
@@ -35,8 +35,8 @@ async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False,
             await node.runtime.stop(instance)
         except Exception as exc:  # destroy, next, kills it the slow way
             log.warning("teardown of %s: could not stop it at once: %s", sid, exc)
-    if stopped is not None:
-        stopped.set()
+    if on_stopped is not None:
+        on_stopped()
     steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
     if instance is not None:
         steps.append(("runtime", lambda: node.runtime.destroy(instance)))
