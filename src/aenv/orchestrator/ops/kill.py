@@ -7,7 +7,8 @@ spill, resume, snapshot, fork, move — is cancelled and unwinds, then the runti
 layer, network slot and memory image are released and the record deleted. The call answers
 once the sandbox's processes are killed (nothing of it runs or writes from then on; ~10 ms
 when no operation was in flight), while the rest of the teardown goes on as the sandbox's
-owned task, or after ``kill_answer_s`` at the latest. E2B's kill answers before the release
+owned task, or after ``kill_answer_s`` at the latest; a sandbox with volumes answers once
+they are released (the caller may use them at once). E2B's kill answers before the release
 too, and a trainer that meters its sandboxes until the kill answers would otherwise pay for
 ~0.2 s of clean-up per sandbox (the runtime's state, the rootfs, the network slot). A second
 kill waits for the whole teardown, then answers 404; so does a kill of a record left
@@ -136,11 +137,16 @@ async def _finish(node: Node, sandbox_id: str, stopped: asyncio.Event) -> None:
             await node.logbook.collect(sandbox_id, record.team_id)
     except Exception:
         log.warning("could not read the last console lines of %s", sandbox_id, exc_info=True)
+    volumes = bool(record.volume_mounts)
+
     def now_stopped() -> None:
         # Here, not at the record's deletion: the kill answers now, and its log is to say
         # so (after the console's last lines, read above).
         node.logbook.on_event(sandbox_id, record.team_id, "killed", {}, record)
-        stopped.set()
+        if not volumes:
+            # A sandbox with volumes answers after the release: its caller may write the
+            # volume, or mount it read-write elsewhere, as soon as the kill returns.
+            stopped.set()
 
     await teardown(node, record, on_stopped=now_stopped)
     node.logbook.forget(sandbox_id)
