@@ -106,9 +106,11 @@ def test_pause_twice_and_kill_of_a_disk_paused_sandbox(disk_server: NodeServer) 
     wait_on_disk(disk_server, sbx.sandbox_id)
     assert sbx.pause() is False
     assert sbx.kill() is True
-    assert not image_of(disk_server, sbx.sandbox_id).exists()
     with pytest.raises(NotFoundException):
         Sandbox.get_info(sbx.sandbox_id)
+    # The kill answers once nothing of it runs; its image goes right after.
+    wait_for("the image's removal", lambda: not image_of(disk_server, sbx.sandbox_id).exists(),
+             timeout=15)
     with pytest.raises(NotFoundException):
         Sandbox.connect(sbx.sandbox_id)
 

@@ -6,6 +6,7 @@ Only the operator reads it (its key, or as a bearer); a team's key is refused.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -49,11 +50,18 @@ def test_a_scrape_after_each_operation(node: NodeServer) -> None:
         assert envd.status_code in (200, 204), envd.text
         for s in (sid, child, *filler):
             assert api.delete(f"/sandboxes/{s}").status_code == 204
-    got = scrape(node.url, {"Authorization": f"Bearer {API_KEY}"})
-    counts = got["aenv_operation_seconds_count"]
-    for name in OPERATIONS:
-        key = (("operation", name), ("outcome", "ok"))
-        assert counts.get(key, 0) >= 1, (name, sorted(counts))
+    # A kill answers once the sandbox is stopped; its histogram counts the whole teardown,
+    # which ends a moment later.
+    deadline = time.monotonic() + 15
+    while True:
+        got = scrape(node.url, {"Authorization": f"Bearer {API_KEY}"})
+        counts = got["aenv_operation_seconds_count"]
+        missing = [name for name in OPERATIONS
+                   if counts.get((("operation", name), ("outcome", "ok")), 0) < 1]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not missing, (missing, sorted(counts))
     buckets = got["aenv_operation_seconds_bucket"]
     assert buckets[(("le", "+Inf"), ("operation", "create"), ("outcome", "ok"))] \
         == counts[(("operation", "create"), ("outcome", "ok"))]

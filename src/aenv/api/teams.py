@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 from aenv.api.auth import CallerDep, OperatorDep
 from aenv.api.convert import iso
 from aenv.api.node import NodeDep
+from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.team_quota import Quota
 from aenv.orchestrator.tenancy import CredentialKind
@@ -126,7 +127,8 @@ async def delete_team(team_id: str, node: NodeDep, caller: OperatorDep) -> Respo
     records = await node.store.list()
     volumes = await node.volumes.list()
     snapshots = node.repository.list()
-    owns = (any(r.team_id == team_id for r in records)
+    # A record being killed is gone for clients; its release finishes on its own.
+    owns = (any(r.team_id == team_id and r.state != SandboxState.KILLING for r in records)
             or any(v.team_id == team_id for v in volumes)
             or any(s.manifest.team_id == team_id for s in snapshots)
             or bool(await node.secrets.list(team_id, after=None, limit=1)))

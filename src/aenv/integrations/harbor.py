@@ -125,7 +125,10 @@ class Pool:
         self.run_id = run_id
         self.sandbox_timeout_s = sandbox_timeout_s
         self.client = AsyncClient(run_id=run_id)
-        self.rollouts = RolloutPool(self.client, rollout_timeout_s=sandbox_timeout_s)
+        # Forks of the running parent: each trial asks for one child when Harbor starts it
+        # (no group to batch), and a trial's sandbox is documented as a fork child.
+        self.rollouts = RolloutPool(self.client, rollout_timeout_s=sandbox_timeout_s,
+                                    branch_from="parent")
         self._prepared: dict[str, _Prepared] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         #: Template builds this pool ran, and templates it found on the node (for tests/logs).

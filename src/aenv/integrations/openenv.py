@@ -152,7 +152,10 @@ class AenvOpenEnv:
     # -- on the client's loop --
 
     async def _make_pool(self) -> RolloutPool:
-        return RolloutPool(self.client.aio, rollout_timeout_s=self.sandbox_timeout_s)
+        # Forks of the running parent, whose env server (the template's start command)
+        # each episode's child carries as it runs now.
+        return RolloutPool(self.client.aio, rollout_timeout_s=self.sandbox_timeout_s,
+                           branch_from="parent")
 
     async def start(self, image: str) -> tuple[Sandbox, str]:
         """A fork child of ``image``'s prepared parent and its base URL."""
