@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from dataclasses import replace
 
@@ -28,12 +29,17 @@ from aenv.orchestrator.deps import Template
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard
 from aenv.orchestrator.unwind import to_the_end
+from aenv.runtime.base import ENVD_PORT
 
 log = logging.getLogger("aenv.orchestrator.warm")
 
 #: After a failed boot, wait before retrying (doubling), so a broken host is not hammered.
 RETRY_S = 1.0
 RETRY_MAX_S = 60.0
+#: A refill waits this long after the last take while some are still ready: a restore's
+#: first ~100 ms are its heaviest, and on a small host they slowed the first command of the
+#: sandbox just taken by ~20 ms (measured: create 9 ms, first command 68 vs 47 ms).
+QUIET_AFTER_TAKE_S = 0.3
 
 
 class WarmPool:
@@ -47,6 +53,7 @@ class WarmPool:
         self.low = size if low is None else min(low, size)
         self._ready: deque[Booted] = deque()
         self._wake = asyncio.Event()
+        self._taken_at = 0.0
 
     @property
     def node(self) -> Node:
@@ -65,6 +72,7 @@ class WarmPool:
         if self.template is None or template != self.template or not self._ready:
             return None
         booted = self._ready.popleft()
+        self._taken_at = time.monotonic()
         if len(self._ready) < self.low:
             self._wake.set()
         return booted
@@ -84,6 +92,11 @@ class WarmPool:
         delay = RETRY_S
         while True:
             while len(self._ready) < self.size:
+                # Out of the way of the sandbox just taken, unless none is left to take.
+                quiet_in = self._taken_at + QUIET_AFTER_TAKE_S - time.monotonic()
+                if self._ready and quiet_in > 0:
+                    await asyncio.sleep(quiet_in)
+                    continue  # taken from meanwhile: quiet again from then
                 try:
                     assert self.template is not None  # set by start, before this loop
                     booted = await boot_sandbox(self.node, new_sandbox_id(), self.template)
@@ -109,6 +122,10 @@ class WarmPool:
                 await envd.init(token=token, env_vars=dict(template.env_vars),
                                 user=template.default_user, workdir=template.default_workdir,
                                 current_token=template.envd_token, renew_boot_id=True)
+            # And one idle connection in the proxy's pool: the first request through the
+            # proxy then skips the TCP handshake into the guest's network stack.
+            conn = await self.node.guests.acquire(booted.slot, ENVD_PORT)
+            self.node.guests.release(conn, reusable=True)
         except BaseException:
             await to_the_end(discard(self.node, booted))
             raise
