@@ -6,8 +6,10 @@ a running parent costs environment-seconds through every wave and is needed by n
 the diffs. A diff needs the parent's version of each text file a rollout changed; this reads
 it once per path (resuming the parent for the first read a wave needs, and caching what it
 read: rollouts of one task tend to change the same files), and :meth:`Baseline.rest` pauses
-the parent again once no read is in flight. The manifest was taken before the pause and a
-pause keeps the files, so what is read is still the prepared state.
+the parent again once no read is in flight. The manifest (``diff.Manifest``) is taken
+the same way, when the first diff needs it: a pool whose runs compute no diffs never pays the
+seconds of hashing the task's roots. A pause keeps the files, so what is read is still the
+prepared state.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from aenv.client import ClientError, Sandbox
+from aenv.rl.diff import Manifest, take_manifest
 
 log = logging.getLogger("aenv.rl")
 
@@ -28,8 +31,12 @@ CACHE_BYTES = 64 * 1024 * 1024
 class Baseline:
     """``read_file`` of the prepared parent, which may be paused between reads."""
 
-    def __init__(self, parent: Sandbox, *, paused: bool) -> None:
+    def __init__(self, parent: Sandbox, *, paused: bool, roots: tuple[str, ...],
+                 manifest: Manifest | None = None) -> None:
         self.parent = parent
+        self.roots = roots
+        self._manifest = manifest
+        self._manifest_lock = asyncio.Lock()
         self._paused = paused
         #: Whether :meth:`rest` may pause the parent (it was paused when handed over).
         self._rests = paused
@@ -41,6 +48,14 @@ class Baseline:
     @property
     def paused(self) -> bool:
         return self._paused
+
+    async def manifest(self) -> Manifest:
+        """The prepared state's manifest of the task's roots, taken once."""
+        async with self._manifest_lock:
+            if self._manifest is None:
+                async with self._awake():
+                    self._manifest = await take_manifest(self.parent, self.roots)
+            return self._manifest
 
     async def read_file(self, path: str) -> str:
         """The parent's text of ``path``; the client's errors (``NotFound`` …) as a read's."""

@@ -46,7 +46,11 @@ class Branch:
 async def open_branch(prepared: Prepared, how: BranchFrom) -> Branch:
     """``prepared`` ready to branch ``how``; the client's errors of the pause aside (logged:
     the parent then stays running), only a cancellation propagates."""
-    running = Branch(prepared, Baseline(prepared.sandbox, paused=False), None)
+    def baseline(paused: bool) -> Baseline:
+        return Baseline(prepared.sandbox, paused=paused, roots=prepared.task.roots,
+                        manifest=prepared.manifest)
+
+    running = Branch(prepared, baseline(False), None)
     if how == "parent":
         return running
     try:
@@ -62,7 +66,7 @@ async def open_branch(prepared: Prepared, how: BranchFrom) -> Branch:
         log.warning("pausing prepared parent %s failed (%s); it stays running",
                     prepared.sandbox_id, exc)
         paused = False
-    return Branch(prepared, Baseline(prepared.sandbox, paused=paused), snapshot.snapshot_id)
+    return Branch(prepared, baseline(paused), snapshot.snapshot_id)
 
 
 async def children(client: AsyncClient, branch: Branch, count: int, *, timeout: int,

@@ -140,7 +140,8 @@ class RolloutPool:
         return await asyncio.shield(job)
 
     async def _open(self, task: Task) -> Branch:
-        prepared = await prepare(self.client, task, labels=self.labels)
+        # The diff baseline is taken when a diff first needs it (``baseline.py``).
+        prepared = await prepare(self.client, task, labels=self.labels, manifest=False)
         try:
             return await open_branch(prepared, self.branch_from)
         except BaseException:
@@ -275,8 +276,8 @@ class RolloutPool:
             if compute_diff:
                 start = time.monotonic()
                 prepared = branch.prepared
-                trajectory.diff = await diff(branch.baseline, prepared.manifest, env.sandbox,
-                                             prepared.task.roots)
+                trajectory.diff = await diff(branch.baseline, await branch.baseline.manifest(),
+                                             env.sandbox, prepared.task.roots)
                 trajectory.timings["diff"] = time.monotonic() - start
             start = time.monotonic()
             trajectory.reward, trajectory.reward_step = await score(

@@ -80,11 +80,12 @@ class Task:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A task's prepared parent sandbox and its diff baseline."""
+    """A task's prepared parent sandbox and its diff baseline (None: not taken at prepare
+    time; the pool takes it when a diff first needs it, ``baseline.py``)."""
 
     task: Task
     sandbox: Sandbox
-    manifest: Manifest
+    manifest: Manifest | None
 
     @property
     def sandbox_id(self) -> str:
@@ -95,10 +96,11 @@ class Prepared:
 NEVER_IDLE_PAUSE = {"aenv.idlePauseSeconds": "0"}
 
 
-async def prepare(client: AsyncClient, task: Task, *, labels: Mapping[str, str] | None = None
-                  ) -> Prepared:
+async def prepare(client: AsyncClient, task: Task, *, labels: Mapping[str, str] | None = None,
+                  manifest: bool = True) -> Prepared:
     """One sandbox of ``task``, set up, with its manifest; see the module docstring.
-    ``labels``: extra metadata (the pool's); fork children inherit all of it."""
+    ``labels``: extra metadata (the pool's); fork children inherit all of it. ``manifest``:
+    False leaves the diff baseline to be taken later (hashing the roots takes seconds)."""
     sandbox = await client.create(task.template, timeout=task.timeout_s,
                                   envs=dict(task.envs) or None,
                                   metadata={**NEVER_IDLE_PAUSE, **(labels or {}),
@@ -114,12 +116,12 @@ async def prepare(client: AsyncClient, task: Task, *, labels: Mapping[str, str] 
                 raise SetupFailed(f"setup {command!r} exited {result.exit_code}"
                                   + (f": {tail}" if tail else ""), command, result,
                                   sandbox_id=sandbox.sandbox_id)
-        manifest = await take_manifest(sandbox, task.roots)
+        taken = await take_manifest(sandbox, task.roots) if manifest else None
     except BaseException:
         # Shielded: a cancelled prepare must still not leave its sandbox running.
         await asyncio.shield(_kill_quietly(sandbox))
         raise
-    return Prepared(task, sandbox, manifest)
+    return Prepared(task, sandbox, taken)
 
 
 async def _kill_quietly(sandbox: Sandbox) -> None:
