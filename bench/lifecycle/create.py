@@ -32,6 +32,7 @@ def measure_create(
         if not node.wait_pool_full():
             report.errors.append("create: warm pool not refilled within 120 s")
         sandbox = None
+        kill_ms = 0.0
         try:
             start = time.perf_counter()
             sandbox = node.create()
@@ -39,13 +40,17 @@ def measure_create(
             first_ms = run_true(sandbox)
         finally:
             if sandbox is not None:
+                start = time.perf_counter()
                 sandbox.kill()
+                kill_ms = ms_since(start)
         node.wait_pool_full()
         cid, restore_ms = bare.restore(template)
         try:
             exec_ms = bare.exec(cid, "/bin/true")
         finally:
+            start = time.perf_counter()
             bare.delete(cid)
+            delete_ms = ms_since(start)
         if i == 0:
             continue
         report.add("create_call", create_ms)
@@ -55,6 +60,8 @@ def measure_create(
         report.add("bare_restore", restore_ms)
         report.add("bare_restore_exec", exec_ms)
         report.add("bare_restore_total", restore_ms + exec_ms)
+        report.add("kill", kill_ms)
+        report.add("bare_delete", delete_ms)
         log(
             f"  create {i}/{runs}: {create_ms:.0f}+{first_ms:.0f} ms, "
             f"bare restore {restore_ms:.0f}+{exec_ms:.0f} ms"
@@ -94,5 +101,13 @@ def measure_create(
             "restore -detach + first exec",
             TARGET_CREATE_MS,
             issue="create → first command answered",
+        ),
+        Row(
+            "create",
+            "kill → answered: Sandbox.kill()",
+            report.lat("kill"),
+            report.lat("bare_delete"),
+            "runsc delete --force (and its cgroups, overlay)",
+            plot=False,
         ),
     ]
