@@ -289,6 +289,9 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
             stack.push_async_callback(_leave_peers, node, peers)
     # Entered last, closed first: every background loop stops before what it used closes.
     _closing(stack, "the supervisor", node.supervisor.close)
+    # Closed before it: kills that answered early finish their release while every
+    # service it uses is still up.
+    _closing(stack, "the kills in flight", node.owners.finish_kills)
 
 
 def _interception(settings: Settings, operator_key: str) -> Interception:

@@ -248,6 +248,15 @@ class Owners:
 
     # -- lifetime ------------------------------------------------------------------------------
 
+    async def finish_kills(self, *, wait_s: float = 20.0) -> None:
+        """Wait (at most ``wait_s``) for the kills in flight: a kill answers once its sandbox
+        is stopped and releases the rest afterwards, so at shutdown its release is to end
+        while what it releases into (network pool, store, repository) is still open."""
+        kills = list(self._kills)
+        if kills:
+            log.info("waiting for %d kills to finish their release", len(kills))
+            await asyncio.wait(kills, timeout=wait_s)
+
     async def close(self, *, kill_wait_s: float = 30.0) -> None:
         """Cancel every owned operation and wait for them (server shutdown: recovery finishes
         what they leave at the next start). Kills are not cancelled: a kill that answered
