@@ -45,10 +45,6 @@ class Baseline:
         self._cache: dict[str, str] = {}
         self._cached_bytes = 0
 
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
     async def manifest(self) -> Manifest:
         """The prepared state's manifest of the task's roots, taken once."""
         async with self._manifest_lock:

@@ -25,7 +25,7 @@ from typing import Literal
 
 from aenv.client import AsyncClient, ClientError, Conflict, Forked, Sandbox
 from aenv.rl.baseline import Baseline
-from aenv.rl.task import Prepared
+from aenv.rl.task import Prepared, kill_quietly
 
 log = logging.getLogger("aenv.rl")
 
@@ -84,7 +84,7 @@ async def children(client: AsyncClient, branch: Branch, count: int, *, timeout: 
     unexpected = [r for r in results
                   if isinstance(r, BaseException) and not isinstance(r, ClientError)]
     if unexpected:
-        await asyncio.shield(asyncio.gather(*(_kill_quietly(s) for s in started)))
+        await asyncio.shield(asyncio.gather(*(kill_quietly(s) for s in started)))
         raise unexpected[0]
     return Forked(started, [r for r in results if isinstance(r, ClientError)])
 
@@ -92,7 +92,7 @@ async def children(client: AsyncClient, branch: Branch, count: int, *, timeout: 
 async def close_branch(client: AsyncClient, branch: Branch) -> None:
     """Kill the prepared parent and delete the snapshot; failures are logged (the run label
     and the parent's timeout still bound what is left)."""
-    await _kill_quietly(branch.prepared.sandbox)
+    await kill_quietly(branch.prepared.sandbox)
     if branch.snapshot_id is not None:
         try:
             await client.delete_snapshot(branch.snapshot_id)
@@ -108,10 +108,3 @@ async def _forks(client: AsyncClient, parent: str, count: int, *, timeout: int) 
         # Paused after all (a node-wide auto-pause, an operator): resume it, once.
         await client.resume(parent)
         return await client.fork(parent, count, timeout=timeout)
-
-
-async def _kill_quietly(sandbox: Sandbox) -> None:
-    try:
-        await sandbox.kill()
-    except ClientError as exc:
-        log.warning("killing %s failed: %s", sandbox.sandbox_id, exc)

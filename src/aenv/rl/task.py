@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 from aenv.client import AsyncClient, Sandbox
 from aenv.rl.diff import Manifest, take_manifest
 from aenv.rl.errors import SetupFailed
+
+log = logging.getLogger("aenv.rl")
 
 #: A prepared parent lives this long unless the task says otherwise: long enough for many
 #: groups of rollouts; the pool kills it on exit anyway, this only bounds a crashed trainer.
@@ -119,14 +122,16 @@ async def prepare(client: AsyncClient, task: Task, *, labels: Mapping[str, str] 
         taken = await take_manifest(sandbox, task.roots) if manifest else None
     except BaseException:
         # Shielded: a cancelled prepare must still not leave its sandbox running.
-        await asyncio.shield(_kill_quietly(sandbox))
+        await asyncio.shield(kill_quietly(sandbox))
         raise
     return Prepared(task, sandbox, taken)
 
 
-async def _kill_quietly(sandbox: Sandbox) -> None:
+async def kill_quietly(sandbox: Sandbox) -> None:
+    """Kill ``sandbox``; a failure is logged, not raised (the run label and the sandbox's
+    timeout still bound it)."""
     try:
         await sandbox.kill()
-    except Exception:  # the run label and the sandbox's timeout still bound it
-        pass
+    except Exception as exc:
+        log.warning("killing %s failed: %s", sandbox.sandbox_id, exc)
 
