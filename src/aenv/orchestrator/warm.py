@@ -26,8 +26,7 @@ from aenv.core.errors import FailedPrecondition
 from aenv.core.ids import new_access_token, new_sandbox_id
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
-from aenv.orchestrator.envd_client import EnvdClient
-from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard
+from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, hand_identity
 from aenv.orchestrator.unwind import to_the_end
 from aenv.runtime.base import ENVD_PORT
 
@@ -116,12 +115,10 @@ class WarmPool:
     async def _prime(self, booted: Booted) -> Booted:
         """``booted`` with its envd initialised as a plain create of the template would; on
         failure it is destroyed and the error propagates."""
-        token, template = new_access_token(), booted.template
+        token = new_access_token()
         try:
-            async with EnvdClient(self.node.guests.transport(booted.slot), booted.slot) as envd:
-                await envd.init(token=token, env_vars=dict(template.env_vars),
-                                user=template.default_user, workdir=template.default_workdir,
-                                current_token=template.envd_token, renew_boot_id=True)
+            await hand_identity(self.node, booted, token=token,
+                                env_vars=dict(booted.template.env_vars), renew_boot_id=True)
             # And one idle connection in the proxy's pool: the first request through the
             # proxy then skips the TCP handshake into the guest's network stack.
             conn = await self.node.guests.acquire(booted.slot, ENVD_PORT)

@@ -162,6 +162,22 @@ def sandbox_spec(
     )
 
 
+async def hand_identity(node: Node, booted: Booted, *, token: str, env_vars: dict[str, str],
+                        renew_boot_id: bool, volume_mounts: list[dict[str, object]] | None = None,
+                        trust_certificates: list[str] | None = None) -> None:
+    """envd's ``/init`` for ``booted``: ``token``, ``env_vars`` and the template's user and
+    workdir, authorised by the token envd holds now (a primed one, else the template image's).
+    Used by a create and by the warm pool's priming."""
+    async with EnvdClient(node.guests.transport(booted.slot), booted.slot) as envd:
+        await envd.init(
+            token=token, env_vars=env_vars, user=booted.template.default_user,
+            workdir=booted.template.default_workdir,
+            current_token=booted.primed_token or booted.template.envd_token,
+            renew_boot_id=renew_boot_id, volume_mounts=volume_mounts,
+            trust_certificates=trust_certificates,
+        )
+
+
 async def release(
     node: Node, sandbox_id: str, slot: NetSlot, instance: Instance | None
 ) -> None:

@@ -26,9 +26,8 @@ from aenv.orchestrator import egress_trust, traffic
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.egress import policy_from
-from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import instance_json
-from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, release
+from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, hand_identity, release
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.team_quota import team_starts
 from aenv.orchestrator.unwind import to_the_end
@@ -265,17 +264,9 @@ async def _initialise(
               and record.env_vars == booted.template.env_vars and renew_boot_id
               and not volume_mounts and not certificates)
     if not primed:
-        async with EnvdClient(node.guests.transport(booted.slot), booted.slot) as envd:
-            await envd.init(
-                token=record.envd_token,
-                env_vars=record.env_vars,
-                user=booted.template.default_user,
-                workdir=booted.template.default_workdir,
-                current_token=booted.primed_token or booted.template.envd_token,
-                renew_boot_id=renew_boot_id,
-                volume_mounts=volume_mounts,
-                trust_certificates=certificates,
-            )
+        await hand_identity(node, booted, token=record.envd_token, env_vars=record.env_vars,
+                            renew_boot_id=renew_boot_id, volume_mounts=volume_mounts,
+                            trust_certificates=certificates)
     # The lifetime counts from when the sandbox became usable.
     now = node.clock()
     timeout = record.end_at - record.started_at
