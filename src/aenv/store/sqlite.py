@@ -110,6 +110,14 @@ class Store:
             raise NotFound(f"sandbox {sandbox_id} not found{await self._died(sandbox_id)}")
         return record
 
+    async def require_visible(self, sandbox_id: str) -> SandboxRecord:
+        """As :meth:`require`, and a record being killed is ``NotFound`` too: the sandbox is
+        gone for clients from its kill's answer on, while its release still runs."""
+        record = await self.require(sandbox_id)
+        if record.state == SandboxState.KILLING:
+            raise NotFound(f"sandbox {sandbox_id} not found")
+        return record
+
     async def _died(self, sandbox_id: str) -> str:
         """Why a sandbox that is gone died (``orchestrator/deaths.py``), for its 404s."""
         async with self._db.execute(

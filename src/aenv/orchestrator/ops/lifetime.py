@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from aenv.core.errors import NotFound
-from aenv.core.states import SandboxState
 from aenv.core.timeouts import check_timeout
 from aenv.orchestrator.context import Node
 from aenv.store.models import SandboxRecord
@@ -18,9 +16,7 @@ async def set_timeout(
     On failure: ``NotFound`` (gone or being killed), ``InvalidArgument`` beyond the maximum.
     """
     check_timeout(node.settings, seconds)
-    record = await node.store.require(sandbox_id)
-    if record.state == SandboxState.KILLING:
-        raise NotFound(f"sandbox {sandbox_id} not found")
+    record = await node.store.require_visible(sandbox_id)
     end = node.clock() + seconds
     if not allow_shorter:
         end = max(end, record.end_at)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aenv.core.errors import Conflict, NotFound
+from aenv.core.errors import Conflict
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.envd_client import EnvdClient
@@ -22,13 +22,10 @@ class MetricSample:
 
 async def sample(node: Node, sandbox_id: str) -> MetricSample | None:
     """A live sample, or ``None`` when the sandbox is not running (paused: no CPU, no memory)."""
-    record = await node.store.require(sandbox_id)
+    record = await node.store.require_visible(sandbox_id)
     if record.state != SandboxState.RUNNING:
         if record.state == SandboxState.PAUSED:
             return None
-        if record.state == SandboxState.KILLING:
-            # Gone for clients from the kill's answer on, while its release goes on.
-            raise NotFound(f"sandbox {sandbox_id} not found")
         raise Conflict(f"sandbox {sandbox_id} is {record.state}")
     slot, _ = decode(record.instance, sandbox_id)
     assert slot is not None
