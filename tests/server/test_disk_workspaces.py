@@ -159,8 +159,11 @@ def test_a_filesystem_only_pause_keeps_files_and_boots_fresh(disk_node: NodeServ
 
 
 def _chunk_counts(node: NodeServer, snapshot_id: str) -> tuple[int, int]:
-    found = re.search(rf"for snapshot {snapshot_id}: (\d+) chunks read, (\d+) unchanged",
-                      node.log())
+    """The export's counts: it runs after the snapshot's answer, in the commit."""
+    pattern = rf"for snapshot {snapshot_id}: (\d+) chunks read, (\d+) unchanged"
+    deadline = time.monotonic() + 120
+    while not (found := re.search(pattern, node.log())) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert found, node.log()[-2000:]
     return int(found[1]), int(found[2])
 

@@ -12,9 +12,11 @@ import pytest
 
 from aenv.core.errors import Unavailable
 from aenv.storage import pending_commits
+from aenv.storage.disk_exports import DiskExportOrder
 from aenv.storage.objects import PosixLocation
 from aenv.storage.repository import SnapshotRepository
 from tests.storage.conftest import needs_root
+from tests.storage.test_disk_exports import _clone, _digests
 from tests.storage.test_repository import (
     BASE,
     TOP,
@@ -122,3 +124,54 @@ async def test_an_incomplete_image_is_dropped_not_retried(node: Node) -> None:
     assert await node.repo.lookup("snap-1") is None
     assert not node.repo.pending("snap-1")
     await node.repo.close()
+
+
+def _export(node: Node, clone: Path) -> DiskExportOrder:
+    return DiskExportOrder(clone=str(clone), index_file=str(node.home / "s1.json"),
+                           pin=str(node.home / "s1.last.img"), sandbox_id="s1",
+                            snapshot_id="snap-1")
+
+
+async def test_a_disk_is_exported_after_the_answer(node: Node) -> None:
+    clone, data = _clone(node.home, "clone.img")
+    staged = node.repo.stage("snap-1")
+    write_image(staged)
+    await node.repo.commit_later(staged, draft("snap-1"), layers=[node.layer(BASE)],
+                                 envd_bundle=node.bundle, disk_export=_export(node, clone))
+    assert node.repo.pending("snap-1")
+    found = await node.repo.require("snap-1")
+    assert found.manifest.disk is not None
+    assert [c.digest for c in found.manifest.disk.chunks] == _digests(data)
+    # The clone is the sandbox's previous export now, for the next one to compare with.
+    assert not clone.exists() and (node.home / "s1.last.img").read_bytes() == data
+    await node.repo.close()
+
+
+async def test_an_export_done_before_a_crash_is_committed_not_done_again(
+        node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(key: str) -> None:
+        raise Crash(key)
+
+    clone, data = _clone(node.home, "clone.img")
+    node.store.before_put = crash  # the export runs, the commit cannot get anywhere...
+    staged = node.repo.stage("snap-1")
+    write_image(staged)
+    await node.repo.commit_later(staged, draft("snap-1"), layers=[node.layer(BASE)],
+                                 envd_bundle=node.bundle, disk_export=_export(node, clone))
+    for _ in range(50):
+        if not clone.exists():
+            break
+        await asyncio.sleep(0.1)
+    assert not clone.exists(), "the export did not run"
+    monkeypatch.setattr(pending_commits, "CLOSE_S", 0.0)
+    await node.repo.close()  # ...and the process stops
+    node.store.before_put = None
+    again = SnapshotRepository(node.store, node.repo.artifacts, node.repo.staging,
+                               node.repo.images)
+    await again.start()
+    # The clone is the pin now: the order written before that names the chunks.
+    found = await again.require("snap-1")
+    assert found.manifest.disk is not None
+    assert [c.digest for c in found.manifest.disk.chunks] == _digests(data)
+    assert os.listdir(again.staging) == []
+    await again.close()

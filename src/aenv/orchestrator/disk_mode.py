@@ -27,8 +27,8 @@ from aenv.orchestrator.disk_room import ensure_room
 from aenv.orchestrator.instance_codec import decode
 from aenv.orchestrator.ops.quiesce import quiesced
 from aenv.runtime.base import Instance, MemoryImage
-from aenv.storage.disk_chunks import CHUNK_BYTES, export_disk
-from aenv.storage.manifest import DiskChunk, DiskImage
+from aenv.storage.disk_exports import DiskExportOrder
+from aenv.storage.manifest import DiskImage
 from aenv.storage.reflink_fs import ficlone
 from aenv.store.models import SandboxRecord
 
@@ -99,13 +99,18 @@ def _index(node: Node, sandbox_id: str) -> Path:
     return node.repository.cache.root.parent / "disks" / f"{sandbox_id}.json"
 
 
-async def export(node: Node, sandbox_id: str, clone: Path, snapshot_id: str) -> DiskImage:
-    """The snapshot's disk as chunk blobs (only chunks changed since this sandbox's previous
-    snapshot are read); ``clone`` is kept as that previous snapshot for the next one, and a
-    clone of it as the snapshot's disk on this node (creates here need not assemble it)."""
-    result = await asyncio.to_thread(
-        export_disk, clone, node.repository.cache, _index(node, sandbox_id),
-        _pin(node, sandbox_id))
+def export_order(node: Node, sandbox_id: str, clone: Path,
+                 snapshot_id: str) -> DiskExportOrder:
+    """The export of ``clone`` (a clone of ``sandbox_id``'s disk) into chunk blobs, reading
+    only chunks changed since this sandbox's previous export (``storage/disk_exports.py``)."""
+    return DiskExportOrder(clone=str(clone), index_file=str(_index(node, sandbox_id)),
+                           pin=str(_pin(node, sandbox_id)), sandbox_id=sandbox_id,
+                           snapshot_id=snapshot_id)
+
+
+async def keep_local(node: Node, clone: Path, snapshot_id: str) -> None:
+    """A clone of ``clone`` as the snapshot's disk on this node: creates here need not
+    assemble it from chunks (a reflink: no data is copied)."""
     local = disk_dir(node)
     assert local is not None
     local.mkdir(exist_ok=True)
@@ -117,19 +122,30 @@ async def export(node: Node, sandbox_id: str, clone: Path, snapshot_id: str) -> 
         fresh.replace(local / f"{snapshot_id}.img")
     finally:
         fresh.unlink(missing_ok=True)
-    clone.replace(_pin(node, sandbox_id))
-    log.info("disk of %s for snapshot %s: %d chunks read, %d unchanged since its last snapshot",
-             sandbox_id, snapshot_id, result.read, result.reused)
-    return DiskImage(size=result.size, chunk_bytes=CHUNK_BYTES, chunks=[
-        DiskChunk(index=c.index, digest=c.digest, size=c.size) for c in result.chunks])
+
+
+def drop_local(node: Node, snapshot_id: str) -> None:
+    """Remove what :func:`keep_local` made for a snapshot that was not taken after all."""
+    local = disk_dir(node)
+    if local is not None:
+        (local / f"{snapshot_id}.img").unlink(missing_ok=True)
+
+
+async def export(node: Node, sandbox_id: str, clone: Path, snapshot_id: str) -> DiskImage:
+    """The snapshot's disk as chunk blobs, now (after this sandbox's exports in flight);
+    ``clone`` is kept as that previous export for the next one, and a clone of it as the
+    snapshot's disk on this node."""
+    await keep_local(node, clone, snapshot_id)
+    return await node.repository.disk_exports.export_now(
+        export_order(node, sandbox_id, clone, snapshot_id))
 
 
 def forget(node: Node, sandbox_id: str) -> None:
-    """Drop what the sandbox's snapshots kept for the next one (at its kill)."""
+    """Drop what the sandbox's snapshots kept for the next one (at its kill; after the
+    exports of it still in flight)."""
     if node.workspaces is None:
         return
-    _pin(node, sandbox_id).unlink(missing_ok=True)
-    _index(node, sandbox_id).unlink(missing_ok=True)
+    node.repository.disk_exports.forget(_index(node, sandbox_id), _pin(node, sandbox_id))
 
 
 def drop_stale_disks(node: Node) -> int:

@@ -29,6 +29,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from aenv.core.errors import AenvError, FailedPrecondition, Unavailable
+from aenv.storage.disk_exports import DiskExportOrder
 from aenv.storage.manifest import DiskImage, SnapshotDraft
 
 log = logging.getLogger("aenv.storage.pending_commits")
@@ -51,6 +52,9 @@ class CommitOrder(BaseModel):
     layers: list[str]
     envd_bundle: str
     disk: DiskImage | None = None
+    #: A disk clone still to be exported (into ``disk``) before the blobs are put: the
+    #: export runs after the answer too. Once done, the order is written again with ``disk``.
+    disk_export: DiskExportOrder | None = None
 
     def write(self, staging_dir: Path) -> None:
         """Write the order into ``staging_dir`` atomically and durably."""
@@ -94,6 +98,7 @@ class _Pending:
     #: The last try's failure, while it is tried again.
     error: AenvError | None = None
     task: asyncio.Task[None] | None = None
+    ended: Callable[[], None] | None = None
 
 
 class PendingCommits:
@@ -103,10 +108,12 @@ class PendingCommits:
     def __contains__(self, snapshot_id: str) -> bool:
         return snapshot_id in self._pending
 
-    def submit(self, order: CommitOrder, commit: Committer) -> None:
-        """Run ``commit(order)`` until it is done (or can never be)."""
+    def submit(self, order: CommitOrder, commit: Committer,
+               ended: Callable[[], None] | None = None) -> None:
+        """Run ``commit(order)`` until it is done (or can never be, or the node stops);
+        then ``ended()``."""
         snapshot_id = order.draft.snapshot_id
-        pending = self._pending[snapshot_id] = _Pending(order)
+        pending = self._pending[snapshot_id] = _Pending(order, ended=ended)
         pending.task = asyncio.get_running_loop().create_task(
             self._run(pending, commit), name=f"commit {snapshot_id}")
 
@@ -162,3 +169,5 @@ class PendingCommits:
         finally:
             self._pending.pop(snapshot_id, None)
             pending.tried.set()
+            if pending.ended is not None:
+                pending.ended()

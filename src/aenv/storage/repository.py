@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import datetime
 import logging
 import secrets
@@ -39,6 +40,7 @@ from aenv.core.faults import fault
 from aenv.storage.artifacts import Artifacts
 from aenv.storage.blobs import BlobCache, BlobRef, blob_key
 from aenv.storage.commit_gate import CommitGate
+from aenv.storage.disk_exports import DiskExportOrder, DiskExports
 from aenv.storage.files import listdir, rmtree
 from aenv.storage.gc import DEFAULT_GRACE_S, CollectionPlan, plan_collection
 from aenv.storage.manifest import (
@@ -117,6 +119,8 @@ class SnapshotRepository:
         self._gate = CommitGate()
         #: Commits of snapshots already answered (:meth:`commit_later`).
         self._pending = PendingCommits()
+        #: Sandboxes' disk exports, in order per sandbox (a snapshot's after its answer).
+        self.disk_exports = DiskExports(self.cache)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -149,7 +153,7 @@ class SnapshotRepository:
         for staged, order in sealed:
             log.info("finishing the commit of snapshot %s, answered before the node stopped",
                      staged.snapshot_id)
-            self._pending.submit(order, self._committer(staged))
+            self._submit(staged, order)
         return removed
 
     async def close(self) -> None:
@@ -221,8 +225,12 @@ class SnapshotRepository:
         layers: Sequence[Path],
         envd_bundle: Path,
         disk: DiskImage | None = None,
+        disk_export: DiskExportOrder | None = None,
     ) -> SnapshotDraft:
         """:meth:`commit`, after the answer (``storage/pending_commits.py``).
+
+        ``disk_export``: instead of ``disk``, a disk clone the commit exports first
+        (``storage/disk_exports.py``), after earlier exports of the same sandbox.
 
         Prerequisites: as :meth:`commit`'s. On success: the order of the commit is written
         beside the staged image (a crash from now on is finished by the next :meth:`start`)
@@ -239,14 +247,49 @@ class SnapshotRepository:
         if await self.store.head(manifest_key(snapshot_id)) is not None:
             raise AlreadyExists(f"snapshot {snapshot_id} already exists")
         order = CommitOrder(draft=draft, layers=[str(p) for p in layers],
-                            envd_bundle=str(envd_bundle), disk=disk)
+                            envd_bundle=str(envd_bundle), disk=disk, disk_export=disk_export)
         await asyncio.to_thread(order.write, staged.path)
-        self._pending.submit(order, self._committer(staged))
+        self._submit(staged, order)
         return draft
 
+    def _submit(self, staged: Staged, order: CommitOrder) -> None:
+        export = order.disk_export if order.disk is None else None
+        if export is None:
+            self._pending.submit(order, self._committer(staged))
+            return
+        self.disk_exports.hold(export)
+        self._pending.submit(order, self._committer(staged),
+                             ended=lambda: self.disk_exports.release(export))
+
     def _committer(self, staged: Staged) -> Callable[[CommitOrder], Awaitable[object]]:
+        exported: list[CommitOrder] = []  # the order once its disk is exported
+
+        async def export_disk(order: CommitOrder) -> CommitOrder:
+            if order.disk is not None or order.disk_export is None:
+                return order
+            if exported:
+                return exported[0]
+            if not await asyncio.to_thread(Path(order.disk_export.clone).is_file):
+                raise FailedPrecondition(f"snapshot {order.draft.snapshot_id}: its disk clone "
+                                         f"{order.disk_export.clone} is gone")
+
+            async def write_down(disk: DiskImage) -> None:
+                # Before the clone becomes the pin: a restart then commits these chunks,
+                # and never looks for the clone the pin took.
+                done = order.model_copy(update={"disk": disk})
+                await asyncio.to_thread(done.write, staged.path)
+                exported.append(done)
+
+            await self.disk_exports.export(order.disk_export, write_down)
+            return exported[0]
+
         async def commit(order: CommitOrder) -> Snapshot:
+            order = await export_disk(order)
             snapshot_id = order.draft.snapshot_id
+            if order.disk_export is not None:
+                # Exported before a crash that came before the clone became the pin.
+                with contextlib.suppress(FileNotFoundError):
+                    await asyncio.to_thread(Path(order.disk_export.clone).unlink)
             try:
                 return await self.commit(
                     staged, order.draft, layers=[Path(p) for p in order.layers],

@@ -69,33 +69,41 @@ async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snap
             await back_to_running(node, record)
         saved = time.monotonic()
         fault("snapshot.checkpointed")
-        # The disk's chunks are read now, under the sandbox's turn: each export starts from
-        # the sandbox's previous one (only changed chunks are read).
-        disk = (await disk_mode.export(node, record.sandbox_id, clone, staged.snapshot_id)
-                if clone is not None else None)
-        exported = time.monotonic()
         image_bytes = sum(f.stat().st_size for f in staged.memory_dir.iterdir())
         draft = draft_of(node, record, staged.snapshot_id, name)
         layers = node.rootfs.recorded_lowers(record.sandbox_id) or []
         bundle = envd_bundle_of(record.instance, node.envd_bundle)
         if node.settings.cluster is None:
+            # The disk's chunks are read after the answer, in the commit (after any earlier
+            # export of this sandbox: each reads only what changed since the one before).
+            # Creates here restore onto the local clone at once.
+            export = None
+            if clone is not None:
+                await disk_mode.keep_local(node, clone, staged.snapshot_id)
+                export = disk_mode.export_order(node, record.sandbox_id, clone,
+                                                staged.snapshot_id)
+            exported = time.monotonic()
             snapshot = await node.repository.commit_later(
-                staged, draft, layers=layers, envd_bundle=bundle, disk=disk)
+                staged, draft, layers=layers, envd_bundle=bundle, disk_export=export)
         else:
             # Behind a gateway the next create from it may be placed on any node, which
-            # finds it only once committed: commit before the answer.
+            # finds it only once committed: export and commit before the answer.
+            disk = (await disk_mode.export(node, record.sandbox_id, clone, staged.snapshot_id)
+                    if clone is not None else None)
+            exported = time.monotonic()
             snapshot = (await node.repository.commit(
                 staged, draft, layers=layers, envd_bundle=bundle, disk=disk)).manifest
     except BaseException:
         await node.repository.discard(staged)
         if clone is not None:
             clone.unlink(missing_ok=True)
+            disk_mode.drop_local(node, staged.snapshot_id)
         raise
     log.info("snapshot %s of %s in %.0f ms (save %.0f ms, disk %.0f ms, %s %.0f ms, "
-             "%.1f MB)", snapshot.snapshot_id, record.sandbox_id,
+             "%.1f MB memory)", snapshot.snapshot_id, record.sandbox_id,
              (time.monotonic() - started) * 1000, (saved - started) * 1000,
              (exported - saved) * 1000,
-             "commit" if node.settings.cluster else "order, committing after",
+             "commit" if node.settings.cluster else "order, exporting and committing after",
              (time.monotonic() - exported) * 1000, image_bytes / 1e6)
     return snapshot
 
