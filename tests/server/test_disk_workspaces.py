@@ -219,3 +219,31 @@ def test_templates_restore_onto_clones_of_their_disk(disk_node: NodeServer) -> N
     finally:
         first.kill()
         second.kill()
+
+
+def test_a_create_from_a_snapshot_just_answered_does_not_wait_for_its_commit(
+        disk_node: NodeServer) -> None:
+    """The snapshot's disk export (1 GiB changed: seconds of reading) and its commit run
+    after the answer; a create from it here restores from the staged image and the local
+    clone of the disk at once, with the files the snapshot holds."""
+    sbx = Sandbox.create(timeout=300)
+    try:
+        sbx.commands.run("head -c 1073741824 /dev/urandom > ~/big && md5sum ~/big > ~/big.md5 "
+                         "&& sync", timeout=300)
+        snapshot = sbx.create_snapshot()
+        child = Sandbox.create(snapshot.snapshot_id, timeout=300)
+        log = disk_node.log()
+        created = log.find(f"created {child.sandbox_id} ")
+        committed = log.find(f"committed snapshot {snapshot.snapshot_id} ")
+        assert created != -1, log[-2000:]
+        assert committed == -1 or created < committed, log[-3000:]
+        assert child.commands.run("md5sum -c ~/big.md5").stdout.strip().endswith("OK")
+        child.kill()
+        # Committed after all, with the chunks of the whole gigabyte.
+        read, _ = _chunk_counts(disk_node, snapshot.snapshot_id)
+        assert read >= 256, read
+        assert snapshot.snapshot_id in [s.snapshot_id for s in Sandbox.list_snapshots()
+                                        .next_items()]
+        Sandbox.delete_snapshot(snapshot.snapshot_id)
+    finally:
+        sbx.kill()

@@ -175,3 +175,70 @@ async def test_an_export_done_before_a_crash_is_committed_not_done_again(
     assert [c.digest for c in found.manifest.disk.chunks] == _digests(data)
     assert os.listdir(again.staging) == []
     await again.close()
+
+
+async def test_a_pending_snapshot_is_usable_here_before_its_commit(
+        node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    held = asyncio.Event()
+
+    async def slow_put(key: str, data: bytes, *, create: bool = False) -> None:
+        await held.wait()
+        await put(key, data, create=create)
+
+    put = node.store.put_bytes
+    monkeypatch.setattr(node.store, "put_bytes", slow_put)  # the commit cannot finish yet
+    disks = node.home / "disks"
+    disks.mkdir()
+    clone, data = _clone(node.home, "clone.img", chunks=1)
+    (disks / "snap-1.img").write_bytes(data)  # the local clone the snapshot op keeps
+    staged = node.repo.stage("snap-1")
+    image = write_image(staged)
+    await node.repo.commit_later(staged, draft("snap-1", names=["named"]),
+                                 layers=[node.layer(BASE)], envd_bundle=node.bundle,
+                                 disk_export=_export(node, clone))
+    assert node.repo.pending_draft("named") is not None
+    found = await asyncio.wait_for(node.repo.materialize_pending("named", disks), 5)
+    assert found is not None and node.repo.pending("snap-1")
+    answered, local = found
+    assert answered.snapshot_id == "snap-1"
+    assert local.image is not None and local.disk == disks / "snap-1.img"
+    assert {p.name: p.read_bytes() for p in local.image.iterdir()} == image
+    assert local.layers == (node.layer(BASE),) and local.envd_bundle == node.bundle
+    # Not a disk node: the lookup's path answers (and waits), not this one.
+    assert await node.repo.materialize_pending("named", None) is None
+    held.set()
+    committed = await node.repo.require("snap-1")
+    assert await node.repo.materialize_pending("snap-1", disks) is None
+    # The commit kept the image the create restored from, file for file.
+    assert committed.manifest.memory
+    assert {p.name: p.read_bytes() for p in local.image.iterdir()} == image
+    await node.repo.close()
+
+
+async def test_gc_keeps_a_pending_snapshots_image(node: Node,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pending_commits, "RETRY_S", 0.5)
+    failures: list[str] = []
+
+    def down(key: str) -> None:
+        if not failures:
+            failures.append(key)
+            raise Unavailable("the store is down")
+
+    node.store.before_put = down  # the first try fails: pending, between tries
+    staged = node.repo.stage("snap-1")
+    image = write_image(staged)
+    await node.repo.commit_later(staged, draft("snap-1"), layers=[node.layer(BASE)],
+                                 envd_bundle=node.bundle)
+    found = await node.repo.materialize_pending("snap-1", None)
+    assert found is not None and found[1].image is not None
+    await asyncio.sleep(0.1)
+    assert failures and node.repo.pending("snap-1")
+    await node.repo.collect_garbage(grace_s=0)  # no manifest names it yet
+    assert {p.name: p.read_bytes() for p in found[1].image.iterdir()} == image
+    for _ in range(50):
+        if not node.repo.pending("snap-1"):
+            break
+        await asyncio.sleep(0.1)
+    assert (await node.repo.require("snap-1")).snapshot_id == "snap-1"
+    await node.repo.close()

@@ -73,6 +73,9 @@ class Repo:
     async def lookup(self, name_or_id: str) -> Any:
         return self.snapshots.get(name_or_id)
 
+    def pending_draft(self, name_or_id: str) -> Any:
+        return None  # every snapshot here is committed
+
     async def delete(self, snapshot_id: str) -> None:
         del self.snapshots[snapshot_id]
 

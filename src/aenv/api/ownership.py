@@ -78,6 +78,12 @@ async def require_template(node: Node, caller: Caller, name: str, *, manage: boo
         return
     # A snapshot (committed by any node sharing the repository: looked up, not only found in
     # this node's index), or a template another node built (its image names its team).
+    # One answered here and still being committed is used at once, without its commit.
+    pending = node.repository.pending_draft(base)
+    if pending is not None and pending.kind == "snapshot":
+        if not tenancy.is_team(caller, pending.team_id):
+            raise NotFound(f"template '{name}' not found")
+        return
     snapshot = await node.repository.lookup(base)
     if snapshot is not None and snapshot.manifest.kind == "snapshot":
         if not tenancy.is_team(caller, snapshot.manifest.team_id):

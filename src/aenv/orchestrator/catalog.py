@@ -17,7 +17,7 @@ from aenv.core.errors import NotFound, Unavailable
 from aenv.orchestrator import restore_match
 from aenv.orchestrator.deps import Template
 from aenv.storage.layers import LayerStore
-from aenv.storage.repository import Snapshot, SnapshotRepository
+from aenv.storage.repository import Materialized, Snapshot, SnapshotDraft, SnapshotRepository
 from aenv.store.templates import DEFAULT_TAG, TemplateStore
 from aenv.templates.base import ProgressCallback, build_base
 
@@ -50,6 +50,12 @@ class TemplateCatalog:
     async def resolve(self, name: str) -> Template:
         if name == BASE and self._base is not None:
             return self._base
+        # A snapshot answered here a moment ago restores from its staged image at once.
+        pending = await self._repository.materialize_pending(name, self.disk_dir)
+        if pending is not None and pending[0].kind == "snapshot":
+            draft, local = pending
+            restore_match.check(draft.snapshot_id, draft.requirements, self.host)
+            return self._template(draft, local)
         snapshot = await self._repository.lookup(name, verify=True)
         if snapshot is not None and snapshot.manifest.kind == "snapshot":
             return await self.from_snapshot(snapshot)
@@ -102,10 +108,14 @@ class TemplateCatalog:
         (another runtime build, platform or CPU); the repository's errors when fetching.
         """
         m = snapshot.manifest
+        assert self.own_bundle is not None, "the catalog is used before the node set its bundle"
         if m.memory:
             restore_match.check(m.snapshot_id, m.requirements, self.host)
-        assert self.own_bundle is not None, "the catalog is used before the node set its bundle"
         local = await self._repository.materialize(snapshot, self.own_bundle, self.disk_dir)
+        return self._template(m, local)
+
+    @staticmethod
+    def _template(m: SnapshotDraft, local: Materialized) -> Template:
         return Template(
             template_id=m.snapshot_id,
             alias=m.names[0] if m.names else None,

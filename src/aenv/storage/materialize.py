@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class LocalCopies:
         #: ``<home>/cache/images``.
         self.images = images
         self._locks: dict[str, asyncio.Lock] = {}
+        self._linking = threading.Lock()
 
     async def materialize(self, manifest: SnapshotManifest, own_bundle: Path,
                           disk_dir: Path | None) -> Materialized:
@@ -93,21 +95,35 @@ class LocalCopies:
 
     def link_image(self, manifest: SnapshotManifest) -> None:
         """``<images>/<id>/`` as hard links of the cached memory-image blobs (blocking)."""
-        final = self.images / manifest.snapshot_id
-        if _image_complete(final):
-            return
-        building = self.images / f".{manifest.snapshot_id}.{secrets.token_hex(4)}"
-        building.mkdir(0o700, parents=True)
-        try:
-            for ref in manifest.memory:
-                os.link(self.cache.path(ref.digest), building / ref.name)
-            with contextlib.suppress(FileNotFoundError):
-                rmtree(final)
-            building.rename(final)
-            fsync_dirs(self.images)
-        except BaseException:
-            rmtree(building)
-            raise
+        self._link(manifest.snapshot_id,
+                   {ref.name: self.cache.path(ref.digest) for ref in manifest.memory})
+
+    def link_staged(self, snapshot_id: str, memory_dir: Path) -> Path:
+        """``<images>/<id>/`` as hard links of a staged memory image (a snapshot answered
+        and not committed yet: its commit adopts these very files, so the image stays as it
+        is); returns it (blocking). ``FileNotFoundError`` if the staged files are gone."""
+        self._link(snapshot_id, {name: memory_dir / name for name in IMAGE_FILES})
+        return self.images / snapshot_id
+
+    def _link(self, snapshot_id: str, sources: dict[str, Path]) -> None:
+        final = self.images / snapshot_id
+        # One at a time: a create from a pending snapshot and its commit may both link it,
+        # and one must not remove what the other just put in place for a restore.
+        with self._linking:
+            if _image_complete(final):
+                return
+            building = self.images / f".{snapshot_id}.{secrets.token_hex(4)}"
+            building.mkdir(0o700, parents=True)
+            try:
+                for name, source in sources.items():
+                    os.link(source, building / name)
+                with contextlib.suppress(FileNotFoundError):
+                    rmtree(final)
+                building.rename(final)
+                fsync_dirs(self.images)
+            except BaseException:
+                rmtree(building)
+                raise
 
 
 def _image_complete(image: Path) -> bool:

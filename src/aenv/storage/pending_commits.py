@@ -99,6 +99,8 @@ class _Pending:
     error: AenvError | None = None
     task: asyncio.Task[None] | None = None
     ended: Callable[[], None] | None = None
+    #: The staging directory holding the image and the order.
+    where: Path | None = None
 
 
 class PendingCommits:
@@ -108,14 +110,25 @@ class PendingCommits:
     def __contains__(self, snapshot_id: str) -> bool:
         return snapshot_id in self._pending
 
-    def submit(self, order: CommitOrder, commit: Committer,
+    def submit(self, order: CommitOrder, commit: Committer, *, where: Path,
                ended: Callable[[], None] | None = None) -> None:
-        """Run ``commit(order)`` until it is done (or can never be, or the node stops);
-        then ``ended()``."""
+        """Run ``commit(order)`` (staged in ``where``) until it is done (or can never be,
+        or the node stops); then ``ended()``."""
         snapshot_id = order.draft.snapshot_id
-        pending = self._pending[snapshot_id] = _Pending(order, ended=ended)
+        pending = self._pending[snapshot_id] = _Pending(order, ended=ended, where=where)
         pending.task = asyncio.get_running_loop().create_task(
             self._run(pending, commit), name=f"commit {snapshot_id}")
+
+    def newest(self, name_or_id: str) -> tuple[CommitOrder, Path] | None:
+        """The newest pending snapshot with id or name ``name_or_id``, and where it is
+        staged; None if none is pending."""
+        found = [p for p in self._pending.values()
+                 if p.order.draft.snapshot_id == name_or_id or name_or_id in p.order.draft.names]
+        if not found:
+            return None
+        newest = max(found, key=lambda p: p.order.draft.created_at)
+        assert newest.where is not None
+        return newest.order, newest.where
 
     async def settle(self, name_or_id: str | None = None) -> None:
         """Wait for the first try of the pending commits a read of ``name_or_id`` may see

@@ -255,10 +255,10 @@ class SnapshotRepository:
     def _submit(self, staged: Staged, order: CommitOrder) -> None:
         export = order.disk_export if order.disk is None else None
         if export is None:
-            self._pending.submit(order, self._committer(staged))
+            self._pending.submit(order, self._committer(staged), where=staged.path)
             return
         self.disk_exports.hold(export)
-        self._pending.submit(order, self._committer(staged),
+        self._pending.submit(order, self._committer(staged), where=staged.path,
                              ended=lambda: self.disk_exports.release(export))
 
     def _committer(self, staged: Staged) -> Callable[[CommitOrder], Awaitable[object]]:
@@ -316,6 +316,41 @@ class SnapshotRepository:
     def pending(self, snapshot_id: str) -> bool:
         """Whether ``snapshot_id`` was answered and is being committed."""
         return snapshot_id in self._pending
+
+    def pending_draft(self, name_or_id: str) -> SnapshotDraft | None:
+        """The newest snapshot answered here under this id or name and still being
+        committed (its manifest without the blobs), or None."""
+        found = self._pending.newest(name_or_id)
+        return None if found is None else found[0].draft
+
+    async def materialize_pending(
+        self, name_or_id: str, disk_dir: Path | None
+    ) -> tuple[SnapshotDraft, Materialized] | None:
+        """A snapshot answered here and still being committed, usable at once: a restore
+        reads the staged memory image (linked into ``<images>/<id>/``, where its commit
+        leaves the same files), the source's layers and bundle, and the local clone of its
+        disk in ``disk_dir``; no wait for the commit or the disk's export.
+
+        None when nothing is pending under ``name_or_id``, or its commit ended meanwhile:
+        then :meth:`lookup` finds it committed.
+        """
+        found = self._pending.newest(name_or_id)
+        if found is None:
+            return None
+        order, where = found
+        draft = order.draft
+        disk = None
+        if order.disk is not None or order.disk_export is not None:
+            disk = None if disk_dir is None else disk_dir / f"{draft.snapshot_id}.img"
+            if disk is None or not disk.is_file():
+                return None  # the lookup's path answers why
+        try:
+            image = await asyncio.to_thread(self._local.link_staged, draft.snapshot_id,
+                                            where / "memory")
+        except FileNotFoundError:
+            return None  # committed meanwhile: the staged directory is gone
+        return draft, Materialized(image, tuple(Path(p) for p in order.layers),
+                                   Path(order.envd_bundle), disk)
 
     async def _publish(self, staged: Staged, draft: SnapshotDraft, layers: Sequence[Path],
                        envd_bundle: Path, memory: bool, memory_dir: Path | None,
@@ -501,7 +536,9 @@ class SnapshotRepository:
                 await self.store.delete(key)
                 fault("gc.deleted")
         for name in listdir(self.images):
-            if not name.startswith(".") and name not in self._manifests:
+            # A pending snapshot's image is linked here before its manifest exists.
+            if not name.startswith(".") and name not in self._manifests \
+                    and name not in self._pending:
                 await asyncio.to_thread(rmtree, self.images / name)
         log.info("gc: deleted %d blobs (%.1f MB), kept %d referenced and %d recent",
                  len(plan.delete), plan.freed_bytes / 1e6, plan.kept_referenced,

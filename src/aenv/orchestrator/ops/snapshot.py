@@ -100,7 +100,7 @@ async def _snapshot(node: Node, record: SandboxRecord, name: str | None) -> Snap
             disk_mode.drop_local(node, staged.snapshot_id)
         raise
     log.info("snapshot %s of %s in %.0f ms (save %.0f ms, disk %.0f ms, %s %.0f ms, "
-             "%.1f MB memory)", snapshot.snapshot_id, record.sandbox_id,
+             "%.1f MB)", snapshot.snapshot_id, record.sandbox_id,
              (time.monotonic() - started) * 1000, (saved - started) * 1000,
              (exported - saved) * 1000,
              "commit" if node.settings.cluster else "order, exporting and committing after",
