@@ -80,7 +80,7 @@ async def capture(node: Node, instance: Instance, slot: NetSlot, dest: Path,
         try:
             steps.append(time.monotonic())
             # While the sandbox is stopped its disk does not change: the sentry keeps no
-            # dirty file data (writes reach the host at once, docs/spikes/workspace-gvisor.md)
+            # dirty file data (writes reach the host at once, as the workspace spike measured)
             # and a checkpoint writes only its image. So the disk's clone (whose ext4 freeze
             # is ~35 ms of flushes) runs beside the checkpoint, not before it.
             cloning = asyncio.ensure_future(node.workspaces.clone_frozen(sid, disk))
