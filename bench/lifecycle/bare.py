@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -14,9 +16,11 @@ from tests.server.harness import BUNDLE as HARNESS_BUNDLE
 
 from aenv.core.net import NetSlot
 from aenv.core.settings import Settings
-from aenv.runtime import oci
+from aenv.runtime import oci, urpc
 from aenv.runtime.base import ENVD_PORT, SandboxSpec
+from aenv.runtime.gvisor import CHECKPOINT_ARG
 from aenv.runtime.runsc import RUNSC, RunscConfig
+from aenv.storage.manifest import IMAGE_FILES
 from bench.lifecycle.common import (
     BARE_CGROUP,
     dir_bytes,
@@ -160,6 +164,24 @@ class BareEnvd:
         if not leave_running:
             self.live.discard(cid)
         return ms, image, dir_bytes(image)
+
+    def checkpoint_socket(self, cid: str) -> tuple[float, Path, int]:
+        """The same save as ``checkpoint --leave-running``, sent over the sandbox's control
+        socket as the node sends it (no CLI started): ms, image, bytes."""
+        image = self.dir / f"img-{self._new_id()}"
+        image.mkdir()
+        fds = [os.open(image / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+               for name in IMAGE_FILES]
+        try:
+            start = time.perf_counter()
+            asyncio.run(urpc.call(self.dir / "root" / f"runsc-{cid}.sock",
+                                  "containerManager.Checkpoint", CHECKPOINT_ARG, files=fds,
+                                  timeout=60.0))
+            elapsed = ms_since(start)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return elapsed, image, dir_bytes(image)
 
     def prepare_restore(self) -> tuple[str, Path]:
         cid, bundle = self._prepare()

@@ -13,6 +13,7 @@ from bench.lifecycle.bare import (
 from bench.lifecycle.common import (
     SNAPSHOT_RE,
     TARGET_SNAPSHOT_MS,
+    TARGET_SNAPSHOT_RATIO,
     Report,
     Row,
     log,
@@ -52,8 +53,11 @@ def measure_snapshot(
                 Sandbox.delete_snapshot(info.snapshot_id, **node.opts())
                 b_ms, image, b_bytes = bare.checkpoint(bare_id, leave_running=True)
                 rm_image(image)
+                s_ms, image, _ = bare.checkpoint_socket(bare_id)
+                rm_image(image)
                 if i == 0:
                     continue
+                report.add(f"bare_socket_snapshot_{mib}", s_ms)
                 report.add(f"snapshot_{mib}", snap_ms)
                 report.add(f"bare_snapshot_{mib}", b_ms)
                 report.add(f"bare_snapshot_{mib}_mib", b_bytes / MIB)
@@ -63,7 +67,8 @@ def measure_snapshot(
                     report.add(f"snapshot_{mib}_mib", float(line["mb"]) * 1e6 / MIB)
             log(
                 f"  snapshot {mib} MiB: p50 {p50(report.samples[f'snapshot_{mib}'])} ms "
-                f"(bare {p50(report.samples[f'bare_snapshot_{mib}'])} ms), "
+                f"(bare {p50(report.samples[f'bare_snapshot_{mib}'])} ms, over the control "
+                f"socket {p50(report.samples[f'bare_socket_snapshot_{mib}'])} ms), "
                 f"{p50(report.samples.get(f'snapshot_{mib}_mib', []))} MiB"
             )
         finally:
@@ -88,5 +93,19 @@ def measure_snapshot(
                 TARGET_SNAPSHOT_MS,
                 issue="snapshot, source keeps running, 10 MiB written" if mib == 10 else "",
                 note=f"{size} MiB image (bare {bare_size} MiB)",
+            )
+        )
+        node_p50 = p50(report.samples.get(f"snapshot_{mib}", []))
+        socket_p50 = p50(report.samples.get(f"bare_socket_snapshot_{mib}", []))
+        report.rows.append(
+            Row(
+                "snapshot",
+                f"snapshot, {mib} MiB written: create_snapshot() / the bare control-socket "
+                f"checkpoint (p50 {socket_p50} ms)",
+                None,
+                target=TARGET_SNAPSHOT_RATIO,
+                unit="x",
+                value=round(node_p50 / socket_p50, 2) if node_p50 and socket_p50 else None,
+                plot=False,
             )
         )

@@ -68,7 +68,9 @@ STATE_POLL_S = 1.0
 #: ``containerManager.Checkpoint``'s argument for a save that leaves the sandbox running, as
 #: runsc 20240729's CLI sends it with ``--compression=none --leave-running`` (RUNTIME-NOTES);
 #: the image files follow as descriptors: state, pages metadata, pages.
-_CHECKPOINT_ARG = {
+#: ``containerManager.Checkpoint``'s argument for a save that leaves the sandbox running
+#: (what ``runsc checkpoint --leave-running --compression=none`` sends).
+CHECKPOINT_ARG = {
     "metadata": {"compression": "none"},
     "MemoryFileSaveOpts": {"ExcludeCommittedZeroPages": False},
     "have_pages_file": True,
@@ -261,7 +263,7 @@ class GvisorRuntime:
                for name in IMAGE_FILES]
         try:
             await urpc.call(self.runsc.control_socket(instance.runtime_id),
-                            "containerManager.Checkpoint", _CHECKPOINT_ARG, files=fds,
+                            "containerManager.Checkpoint", CHECKPOINT_ARG, files=fds,
                             timeout=CHECKPOINT_TIMEOUT_S)
         except urpc.CallInDoubt as exc:
             raise RuntimeFailure(f"checkpoint of sandbox {instance.sandbox_id}: {exc}") from exc
