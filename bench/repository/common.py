@@ -42,7 +42,10 @@ SPILLED_RE = re.compile(STAMP + r"paused (?P<id>[a-z0-9]{20}) to disk in (?P<ms>
 COMMITTED_RE = re.compile(STAMP + r"committed snapshot (?P<snap>\S+) to ")
 SNAPSHOT_RE = re.compile(
     r"snapshot (?P<snap>\S+) of (?P<id>[a-z0-9]{20}) in (?P<total>\d+) ms "
-    r"\(save (?P<save>\d+) ms, commit (?P<commit>\d+) ms, (?P<mb>[\d.]+) MB\)"
+    # "commit N ms" (a cluster's node commits before its answer) or "order, exporting and
+    # committing after N ms" (a node alone writes the commit's order and answers).
+    r"\(save (?P<save>\d+) ms, disk \d+ ms, (?:commit|order, [a-z, ]+ after) "
+    r"(?P<commit>\d+) ms, (?P<mb>[\d.]+) MB\)"
 )
 RESUMED_RE = re.compile(r"resumed (?P<id>[a-z0-9]{20}) \((?P<how>\w+)\) in (?P<ms>\d+) ms")
 
