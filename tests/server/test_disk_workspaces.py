@@ -19,6 +19,7 @@ Run with ``AENV_TEST_SLOT_BASE`` set to a slot range of one's own when other ser
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -247,3 +248,27 @@ def test_a_create_from_a_snapshot_just_answered_does_not_wait_for_its_commit(
         Sandbox.delete_snapshot(snapshot.snapshot_id)
     finally:
         sbx.kill()
+
+
+def test_gc_removes_disk_clones_a_crash_left(disk_node: NodeServer) -> None:
+    """A disk clone older than ``gc_grace_s`` that no pending export names was left by a
+    crash (mid-snapshot, mid-fork): a GC pass removes it; a sandbox's previous export (its
+    pin) and a fresh clone stay."""
+    clones = disk_node.home / "workspaces" / "clones"
+    clones.mkdir(exist_ok=True)
+    old, fresh, pin = (clones / "snapleft.abc.img", clones / "snapnew.abc.img",
+                       clones / "someonesandbox000000.last.img")
+    two_hours_ago = time.time() - 7200
+    for path in (old, fresh, pin):
+        path.write_bytes(b"\0" * 4096)
+    for path in (old, pin):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    try:
+        response = _raw(disk_node, "POST", "/repository/gc")
+        assert response.status_code == 200, response.text
+        assert not old.exists()
+        assert fresh.exists() and pin.exists()
+        assert "a disk clone a crash left" in disk_node.log()
+    finally:
+        for path in (old, fresh, pin):
+            path.unlink(missing_ok=True)

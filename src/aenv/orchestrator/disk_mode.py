@@ -168,11 +168,14 @@ def forget(node: Node, sandbox_id: str) -> None:
 
 
 def drop_stale_disks(node: Node) -> int:
-    """Remove local disk images of snapshots the repository no longer has; how many."""
+    """Remove local disk images of snapshots the repository no longer has, and disk clones
+    a crash left (older than ``gc_grace_s``, no pending export names them); how many."""
     local = disk_dir(node)
-    if local is None or not local.is_dir():
+    if local is None:
         return 0
-    dropped = 0
+    dropped = _drop_stale_seeds(node)
+    if not local.is_dir():
+        return dropped
     for path in local.glob("*.img"):
         if path.name.startswith("."):
             # Being made by export(), or left by a crash in it: only the latter is old.
@@ -183,4 +186,23 @@ def drop_stale_disks(node: Node) -> int:
         elif node.repository.get(path.stem) is None and not node.repository.pending(path.stem):
             path.unlink(missing_ok=True)
             dropped += 1
+    return dropped
+
+
+def _drop_stale_seeds(node: Node) -> int:
+    """Clones of a disk (:func:`seed_path`) live for one snapshot, fork or pause, or until
+    their snapshot's export after the answer; one older than ``gc_grace_s`` that no pending
+    export names was left by a crash. Pins (``<id>.last.img``) go with their sandbox."""
+    assert node.workspaces is not None
+    directory = node.workspaces.pool.path / "clones"
+    wanted = node.repository.pending_clones()
+    dropped = 0
+    for path in directory.glob("*.img"):
+        if path.name.endswith(".last.img") or str(path) in wanted:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - path.stat().st_mtime > node.settings.gc_grace_s:
+                path.unlink()
+                log.info("removed %s, a disk clone a crash left", path.name)
+                dropped += 1
     return dropped

@@ -24,7 +24,8 @@ async def collect(node: Node) -> CollectionPlan:
     async with _running:
         plan = await node.repository.collect_garbage(grace_s=node.settings.gc_grace_s)
         if dropped := disk_mode.drop_stale_disks(node):
-            log.info("gc: removed %d local disk images of deleted snapshots", dropped)
+            log.info("gc: removed %d local disk images (of deleted snapshots, or left by a "
+                     "crash)", dropped)
         trimmed = await node.repository.trim_cache()
         if trimmed:
             log.info("gc: dropped %d cached blobs over the cache's budget", len(trimmed))

@@ -119,6 +119,10 @@ class PendingCommits:
         pending.task = asyncio.get_running_loop().create_task(
             self._run(pending, commit), name=f"commit {snapshot_id}")
 
+    def orders(self) -> list[CommitOrder]:
+        """The orders of every pending commit."""
+        return [p.order for p in self._pending.values()]
+
     def newest(self, name_or_id: str) -> tuple[CommitOrder, Path] | None:
         """The newest pending snapshot with id or name ``name_or_id``, and where it is
         staged; None if none is pending."""

@@ -317,6 +317,11 @@ class SnapshotRepository:
         """Whether ``snapshot_id`` was answered and is being committed."""
         return snapshot_id in self._pending
 
+    def pending_clones(self) -> set[str]:
+        """The disk clones pending commits have still to export (paths)."""
+        return {o.disk_export.clone for o in self._pending.orders()
+                if o.disk_export is not None and o.disk is None}
+
     def pending_draft(self, name_or_id: str) -> SnapshotDraft | None:
         """The newest snapshot answered here under this id or name and still being
         committed (its manifest without the blobs), or None."""
