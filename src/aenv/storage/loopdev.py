@@ -154,6 +154,19 @@ async def detach(device: str) -> None:
         raise
 
 
+async def detach_left(path: Path) -> None:
+    """Detach the loop devices a crash left attached to ``path`` and never released.
+
+    Only those: a released device (autoclear) goes by itself at its last close, and may be
+    gone and attached to another file between our look at sysfs and a ``losetup -d`` by its
+    number, which would then detach that file's new device under its mount ("can't read
+    superblock": seen once kills answered before their release, so that releases and
+    attaches overlap)."""
+    for loop in loops_backed_by(path):
+        if not loop.autoclear:
+            await detach(loop.device)
+
+
 async def wait_released(path: Path, timeout_s: float) -> list[LoopDevice]:
     """Wait until no loop device is attached to the file ``path``; those left at the deadline.
 

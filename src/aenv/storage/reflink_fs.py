@@ -230,8 +230,7 @@ class ReflinkPool:
             raise Conflict(f"workspace pool {self.path} still has attached images: {names}")
         if self._is_mounted() and self._is_our_image(self._mounted_device()):
             await unmount(str(self.path), lazy=False, what=f"workspace pool {self.path}")
-        for loop in loopdev.loops_backed_by(self.image):
-            await loopdev.detach(loop.device)
+        await loopdev.detach_left(self.image)
         if left := await loopdev.wait_released(self.image, _RELEASE_S):
             names = ", ".join(loop.device for loop in left)
             raise Conflict(f"workspace pool image {self.image} is still attached to {names}")
@@ -295,7 +294,7 @@ class ReflinkPool:
             # A crash between attach and mount left it; one mounted elsewhere is not ours to take.
             if any(m.source == loop.device for m in read_mountinfo()):
                 raise Conflict(f"pool image {self.image} is mounted elsewhere ({loop.device})")
-            await loopdev.detach(loop.device)
+        await loopdev.detach_left(self.image)
         device = await loopdev.attach(self.image, direct_io=True)
         try:
             await proc.run(

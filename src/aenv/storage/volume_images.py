@@ -148,7 +148,7 @@ class VolumeImages:
         for loop in loopdev.loops_backed_by(image):
             if loop.device in sources:
                 raise Conflict(f"the image of volume {volume_id} is mounted elsewhere")
-            await loopdev.detach(loop.device)
+        await loopdev.detach_left(image)
         target.mkdir(parents=True, exist_ok=True)
         device = await loopdev.attach(image, direct_io=True)
         try:
@@ -167,8 +167,7 @@ class VolumeImages:
         if self.mounted(volume_id):
             await unmount(str(target), lazy=False, what=f"volume {volume_id}")
         image = self.image(volume_id)
-        for loop in loopdev.loops_backed_by(image):
-            await loopdev.detach(loop.device)
+        await loopdev.detach_left(image)
         # An autoclear device goes at its last close, which can come just after umount.
         if left := await loopdev.wait_released(image, _RELEASE_S):
             names = ", ".join(loop.device for loop in left)

@@ -80,7 +80,7 @@ async def mount_image(sandbox_id: str, image: Path, mount_point: Path) -> None:
     for loop in loopdev.loops_backed_by(image):
         if loop.device in sources:
             raise Conflict(f"workspace {image} is mounted elsewhere ({loop.device})")
-    await _detach_left(image)
+    await loopdev.detach_left(image)
     await wait_released(sandbox_id, image)
     mount_point.mkdir(parents=True, exist_ok=True)
     device = await loopdev.attach(image, direct_io=True)
@@ -109,24 +109,11 @@ async def unmount_image(sandbox_id: str, image: Path, mount_point: Path, *,
         # A frozen filesystem would hang the unmount's final sync.
         await thaw(mount_point)
         await unmount(str(mount_point), lazy=False, what=f"workspace of {sandbox_id}")
-    await _detach_left(image)
+    await loopdev.detach_left(image)
     if settle:
         await wait_released(sandbox_id, image)
     with contextlib.suppress(FileNotFoundError):
         mount_point.rmdir()
-
-
-async def _detach_left(image: Path) -> None:
-    """Detach the loop devices a crash left attached to ``image`` and never released.
-
-    Only those: a released device (autoclear) goes by itself at its last close, and may be
-    gone and attached to another sandbox's image between our look at sysfs and a
-    ``losetup -d`` by its number, which would then detach that sandbox's new device under its
-    mount ("can't read superblock": seen once kills answered before their release, so that
-    releases and creates overlap)."""
-    for loop in loopdev.loops_backed_by(image):
-        if not loop.autoclear:
-            await loopdev.detach(loop.device)
 
 
 async def freeze(mount_point: Path) -> None:
