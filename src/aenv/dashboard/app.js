@@ -725,10 +725,13 @@ async function pollBuild(templateID, buildID, key, pages) {
       $("build-logs").append(el("div", `reason: ${data.reason.message}`, "log error"));
     }
   });
-  if (key !== build.key || status === null) return;
+  if (key !== build.key) return;
   // One page (100 lines) a call: the next at once while pages are full, then every 2 s
-  // while the build runs.
-  if (full && pages < 50) {
+  // while the build runs. A call that failed (shown in the banner: the node restarting, a
+  // network hiccup) is tried again, or the card would stay empty until it is reopened.
+  if (status === null) {
+    build.timer = setTimeout(() => pollBuild(templateID, buildID, key, pages), POLL_MS);
+  } else if (full && pages < 50) {
     pollBuild(templateID, buildID, key, pages + 1);
   } else if (status === "building" || status === "waiting") {
     build.timer = setTimeout(() => pollBuild(templateID, buildID, key, 0), POLL_MS);
