@@ -242,3 +242,28 @@ async def test_gc_keeps_a_pending_snapshots_image(node: Node,
         await asyncio.sleep(0.1)
     assert (await node.repo.require("snap-1")).snapshot_id == "snap-1"
     await node.repo.close()
+
+
+async def test_an_export_left_by_a_stop_waits_for_the_pool(node: Node) -> None:
+    """A snapshot answered before a stop, its disk not exported yet: its clone is on the
+    workspace pool, which a node mounts after the repository starts (after a reboot it is not
+    mounted before). The commit starts only when the node says the pool is there."""
+    clone, data = _clone(node.home, "clone.img")
+    staged = node.repo.stage("snap-1")
+    write_image(staged)
+    pending_commits.CommitOrder(
+        draft=draft("snap-1"), layers=[str(node.layer(BASE))], envd_bundle=str(node.bundle),
+        disk_export=_export(node, clone)).write(staged.path)
+    away = node.home / "unmounted.img"
+    clone.rename(away)  # the pool is not mounted yet
+    again = SnapshotRepository(node.store, node.repo.artifacts, node.repo.staging,
+                               node.repo.images)
+    assert await again.start() == []
+    await asyncio.sleep(0.3)
+    assert not again.pending("snap-1") and await manifest_ids(node.store) == []
+    away.rename(clone)  # mounted
+    again.start_exports()
+    found = await again.require("snap-1")
+    assert found.manifest.disk is not None
+    assert [c.digest for c in found.manifest.disk.chunks] == _digests(data)
+    await again.close()

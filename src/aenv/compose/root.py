@@ -136,6 +136,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
                   if settings.workspace == "disk" else None)
     if workspaces is not None:
         catalog.disk_dir = workspaces.pool.path / "snapshots"
+    repository.start_exports()  # their disk clones are on the pool, mounted now
     rootfs = RootfsStore(settings.home / "sandboxes", workspaces, disk_mb=settings.disk_size_mb)
     template_store = TemplateStore(store.db)
     catalog.built = template_store

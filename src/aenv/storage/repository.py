@@ -121,6 +121,8 @@ class SnapshotRepository:
         self._pending = PendingCommits()
         #: Sandboxes' disk exports, in order per sandbox (a snapshot's after its answer).
         self.disk_exports = DiskExports(self.cache)
+        #: Answered before a stop, their disk not exported yet: see :meth:`start_exports`.
+        self._unexported: list[tuple[Staged, CommitOrder]] = []
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -151,10 +153,24 @@ class SnapshotRepository:
         self.artifacts.start()
         await self.refresh(force=True)
         for staged, order in sealed:
+            if order.disk is None and order.disk_export is not None:
+                # Its disk clone is on the workspace pool, which may not be mounted yet.
+                self._unexported.append((staged, order))
+                continue
             log.info("finishing the commit of snapshot %s, answered before the node stopped",
                      staged.snapshot_id)
             self._submit(staged, order)
         return removed
+
+    def start_exports(self) -> None:
+        """Finish the commits a stop left that still have a disk clone to export: call once
+        the workspace pool is mounted (the clones are on it; one missing then is gone, and
+        its snapshot is dropped with an error in the log)."""
+        for staged, order in self._unexported:
+            log.info("finishing the commit of snapshot %s (its disk's export first), "
+                     "answered before the node stopped", staged.snapshot_id)
+            self._submit(staged, order)
+        self._unexported.clear()
 
     async def close(self) -> None:
         """Let the commits in flight finish (for a while; the rest at the next start)."""
