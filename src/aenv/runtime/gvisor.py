@@ -68,8 +68,6 @@ STATE_POLL_S = 1.0
 #: ``containerManager.Checkpoint``'s argument for a save that leaves the sandbox running, as
 #: runsc 20240729's CLI sends it with ``--compression=none --leave-running`` (RUNTIME-NOTES);
 #: the image files follow as descriptors: state, pages metadata, pages.
-#: ``containerManager.Checkpoint``'s argument for a save that leaves the sandbox running
-#: (what ``runsc checkpoint --leave-running --compression=none`` sends).
 CHECKPOINT_ARG = {
     "metadata": {"compression": "none"},
     "MemoryFileSaveOpts": {"ExcludeCommittedZeroPages": False},
