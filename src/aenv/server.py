@@ -3,7 +3,8 @@ under uvicorn, signals.
 
 ``aenv server`` (and ``python -m aenv.server``) runs it. The node's locks come first (its home,
 its network-slot range: a second node on either refuses to start, see core/locks.py), then the
-API key and the node; SIGTERM or SIGINT stops serving and closes the node. Shutdown leaves
+API key and the node; SIGTERM or SIGINT stops serving (requests under way get
+``shutdown_grace_s``, then their connections are closed) and closes the node. Shutdown leaves
 sandboxes running: the next start re-attaches them.
 """
 
@@ -133,6 +134,7 @@ def _config(app: NodeApp, settings: Settings, host: str, port: int, *,
         ws="websockets-sansio", lifespan="off", access_log=False, log_level=settings.log_level,
         log_config=None,  # uvicorn's own lines go through ours (log_format)
         timeout_keep_alive=settings.idle_timeout_s, server_header=False,
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
         ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
     )
 

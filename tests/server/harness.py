@@ -55,13 +55,16 @@ class NodeServer:
             os.kill(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """SIGTERM, then SIGKILL after 30 s; False when it took the SIGKILL."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill9()
+                return False
+        return True
 
 
 def client_env(server: NodeServer) -> dict[str, str]:
@@ -312,7 +315,7 @@ def serving(**settings: str) -> Iterator[NodeServer]:
             os.environ.update(client_env(node))  # a later node may have taken the SDK
             kill_all_sandboxes()
         finally:
-            node.stop()
+            stopped = node.stop()
             leaked = kill_leaked(node.home)
             _live.remove(node)
             if _live:
@@ -322,7 +325,12 @@ def serving(**settings: str) -> Iterator[NodeServer]:
                 os.environ.pop("E2B_DEBUG", None)
             else:
                 restore_environ(saved)
-            if "Traceback" in node.log():
+            if not stopped or leaked:
+                # Its home goes next: what it was doing at the end is said here or nowhere.
+                why = ("did not stop within 30 s of SIGTERM" if not stopped
+                       else f"left runsc processes {leaked}")
+                print(f"server {why}; its log's end:\n" + node.log()[-12000:])
+            elif "Traceback" in node.log():
                 print("server log contains tracebacks:\n" + node.log()[-8000:])
             cleanup_home(node.home)
             assert not leaked, f"runsc processes outlived the server: {leaked}"

@@ -114,4 +114,5 @@ def gateway(
     _serve(create_app(connect(url), settings.scheduler, settings.api_key,
                       limits=settings.body_limits()), listen, settings.log_format,
            http=protocol_class(settings.connection_limits()),
-           timeout_keep_alive=settings.idle_timeout_s, **tls)
+           timeout_keep_alive=settings.idle_timeout_s,
+           timeout_graceful_shutdown=settings.shutdown_grace_s, **tls)

@@ -93,6 +93,7 @@ class GatewaySettings(RoleSettings):
     max_header_bytes: int = _node_field("max_header_bytes")
     header_read_timeout_s: float = _node_field("header_read_timeout_s")
     idle_timeout_s: int = _node_field("idle_timeout_s")
+    shutdown_grace_s: int = _node_field("shutdown_grace_s")
     max_slow_connections_per_client: int = _node_field("max_slow_connections_per_client")
 
     @model_validator(mode="after")

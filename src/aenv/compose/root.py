@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -87,6 +88,9 @@ from aenv.store.webhooks import WebhookStore
 from aenv.templates import code_interpreter
 
 log = logging.getLogger("aenv.compose")
+
+#: A close step this slow is logged with its time.
+SLOW_CLOSE_S = 1.0
 
 
 @contextlib.asynccontextmanager
@@ -326,10 +330,14 @@ def _closing(stack: contextlib.AsyncExitStack, what: str,
     """Close ``what`` when the stack unwinds; a failure there is logged, and the rest of
     the shutdown goes on."""
     async def closed() -> None:
+        started = time.monotonic()
         try:
             await close()
         except Exception:
             log.exception("closing %s failed", what)
+        # A shutdown that overstays its welcome is killed: which step held it is said here.
+        if (took := time.monotonic() - started) >= SLOW_CLOSE_S:
+            log.info("closing %s took %.1f s", what, took)
 
     stack.push_async_callback(closed)
 

@@ -41,6 +41,11 @@ class RequestLimits(Section):
     idle_timeout_s: int = Field(default=75, ge=1)
     """A kept-alive connection with no request for this long is closed."""
 
+    shutdown_grace_s: int = Field(default=10, ge=1)
+    """At SIGTERM, requests under way get this long to finish; then their connections are
+    closed (a command's output stream or a proxied WebSocket would otherwise hold the node
+    up for as long as it lasts). The sandboxes keep running either way."""
+
     max_slow_connections_per_client: int = Field(default=128, ge=1)
     """Connections one client address may have waiting for their request head. Past it, a new
     connection replaces the client's oldest waiting one if that one has waited a second (408),
