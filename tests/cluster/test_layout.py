@@ -24,8 +24,8 @@ from e2b import Sandbox
 
 from tests.cluster.layout import Layout, cluster_layout
 from tests.cluster.test_gateway import node_of
+from tests.js_sdk import JS_DIR, ensure_node_modules
 from tests.server.harness import restore_environ
-from tests.server.test_js_server import JS_DIR, _ensure_node_modules
 
 # The core SDK tests, run against a gateway (they take the ``server`` and ``sandbox``
 # fixtures defined below).
@@ -114,7 +114,7 @@ def test_sixty_creates_spread_by_score_and_no_node_over_its_limit(layout: Layout
 def test_js_sdk_through_the_other_gateway(layout: Layout) -> None:
     node = shutil.which("node")
     assert node, "node is required (make test installs it)"
-    _ensure_node_modules()
+    ensure_node_modules()
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env.update(layout.point_sdk_at(layout.gateways[1]))
     done = subprocess.run([node, "server_smoke.mjs"], cwd=JS_DIR, env=env,

@@ -14,7 +14,7 @@ from e2b import Sandbox, Volume
 
 from tests.cluster.layout import Namespace
 from tests.cluster.test_gateway import node_of
-from tests.cluster.test_move import _stop, cluster
+from tests.cluster.two_nodes import cluster, stop_node
 from tests.redis_server import RedisServer
 from tests.server.harness import API_KEY
 
@@ -54,7 +54,7 @@ def test_a_volume_written_on_one_node_is_read_on_another(
                 reader.kill()
         writer.kill()
         # A stops: its volumes go back to the repository on the way out.
-        _stop(c.a)
+        stop_node(c.a)
         reader = Sandbox.create(timeout=120, volume_mounts={"/data": vol.name})
         try:
             assert node_of(redis_server, reader.sandbox_id) == c.name("vol-b")

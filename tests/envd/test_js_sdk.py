@@ -21,9 +21,8 @@ import pytest
 
 from tests.conftest import free_port
 from tests.envd.harness import EnvdSandbox, start_envd
+from tests.js_sdk import JS_DIR, NPM_TIMEOUT_S, ensure_node_modules
 
-JS_DIR = Path(__file__).resolve().parents[1] / "js"
-NPM_TIMEOUT_S = 300
 SMOKE_TIMEOUT_S = 180
 
 pytestmark = [
@@ -32,48 +31,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed"),
     pytest.mark.timeout(NPM_TIMEOUT_S + SMOKE_TIMEOUT_S + 60),
 ]
-
-
-def _pins() -> dict[str, str]:
-    """The exact versions package.json asks for (``e2b``, ``@e2b/code-interpreter``)."""
-    manifest = json.loads((JS_DIR / "package.json").read_text())
-    return {name: str(version) for name, version in manifest["dependencies"].items()}
-
-
-def _installed() -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for name in _pins():
-        manifest = JS_DIR / "node_modules" / name / "package.json"
-        found[name] = (str(json.loads(manifest.read_text())["version"])
-                       if manifest.exists() else None)
-    return found
-
-
-def ensure_node_modules() -> None:
-    """``npm ci`` (or ``npm install`` without a lock) unless the pinned SDK is already there.
-
-    node_modules is gitignored, so a fresh checkout installs once; a stale install (the pin in
-    package.json moved) is reinstalled rather than silently testing the old SDK.
-    """
-    if _installed() == _pins():
-        return
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.fail("node is installed but npm is not; cannot install tests/js dependencies")
-    verb = "ci" if (JS_DIR / "package-lock.json").exists() else "install"
-    result = subprocess.run(
-        # --prefer-offline: the lock pins exact versions, so a warm npm cache needs no
-        # registry round trips (here: 3 s instead of 80 s); a cold cache still downloads.
-        [npm, verb, "--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=JS_DIR,
-        capture_output=True,
-        text=True,
-        timeout=NPM_TIMEOUT_S,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"npm {verb} failed in {JS_DIR}:\n{result.stdout}\n{result.stderr}")
-    assert _installed() == _pins(), "npm did not install the pinned packages"
 
 
 @pytest.fixture

@@ -35,8 +35,8 @@ from aenv.orchestrator.builder import RESTARTED
 from aenv.storage.mounts import read_mountinfo
 from tests.images import build_image, directory, file, push, ready_image
 from tests.registry import Registry, registry
+from tests.server.crash_node import CrashableNode, crashable, entries_of, outcomes_of, wait_for
 from tests.server.harness import leaked_sandboxes
-from tests.server.test_crash_lifecycle import CrashableNode, _entries, _outcomes, _poll, crashable
 from tests.server.test_layer_cache_node import api, own_layers_dir
 
 __all__ = ["registry"]  # fixture, imported to be used
@@ -81,7 +81,7 @@ def warm_reported(node: CrashableNode) -> set[str]:
 
 
 def wait_for_warm_pool(node: CrashableNode) -> set[str]:
-    _poll(lambda: len(warm_reported(node)) >= WARM, 60, "the warm pool")
+    wait_for(lambda: len(warm_reported(node)) >= WARM, 60, "the warm pool")
     return warm_reported(node)
 
 
@@ -106,7 +106,7 @@ def test_kill9_during_a_build_step(node: CrashableNode, registry: Registry) -> N
     def run_started() -> bool:
         return any(e.message == STARTED for e in build_status(info).log_entries)
 
-    _poll(run_started, 60, "the RUN step's first output")
+    wait_for(run_started, 60, "the RUN step's first output")
     builders = {sid: pids for sid, pids in runsc_sandboxes(node.home).items()
                 if sid not in before | warm}
     assert len(builders) == 1, f"no single build sandbox among {runsc_sandboxes(node.home)}"
@@ -125,7 +125,7 @@ def test_kill9_during_a_build_step(node: CrashableNode, registry: Registry) -> N
         running = set(runsc_sandboxes(node.home))
         return running <= warm_reported(node) and len(running) == WARM
 
-    _poll(only_warm, 60, "a runtime of nothing but the new warm pool")
+    wait_for(only_warm, 60, "a runtime of nothing but the new warm pool")
     assert build_sid not in runsc_sandboxes(node.home)
     alive = [pid for pid in build_pids if Path(f"/proc/{pid}").exists()]
     assert not alive, f"runsc processes of the build sandbox survived: {alive}"
@@ -146,12 +146,12 @@ def test_kill9_during_a_build_step(node: CrashableNode, registry: Registry) -> N
 
 def _pull_started(node: CrashableNode) -> bool:
     """skopeo's work directory for the pull exists (the request got as far as the pull)."""
-    return bool(_entries(node.home / ".pulls"))
+    return bool(entries_of(node.home / ".pulls"))
 
 
 def _unpacking(node: CrashableNode) -> bool:
     """The layer's staging directory exists: the blob is being unpacked into it."""
-    return bool(_entries(layers_of(node) / ".staging"))
+    return bool(entries_of(layers_of(node) / ".staging"))
 
 
 @pytest.mark.parametrize("kill_when", [_pull_started, _unpacking], ids=["pull", "unpack"])
@@ -172,16 +172,16 @@ def test_kill9_during_a_cold_start(
 
     with ThreadPoolExecutor(1) as pool:
         call = pool.submit(send)
-        _poll(lambda: kill_when(node), 60, f"the cold start's {kill_when.__name__}", call)
+        wait_for(lambda: kill_when(node), 60, f"the cold start's {kill_when.__name__}", call)
         node.kill9()
-        [outcome] = _outcomes([call])
+        [outcome] = outcomes_of([call])
     assert not isinstance(outcome, httpx.Response), \
         f"the cold start ended before the kill: {outcome.status_code} {outcome.text}"
     node.restart()
 
     # Nothing a killed pull or unpack left survives the start; no layer is half there.
-    assert _entries(layers_of(node) / ".staging") == []
-    assert _entries(node.home / ".pulls") == []
+    assert entries_of(layers_of(node) / ".staging") == []
+    assert entries_of(node.home / ".pulls") == []
     assert not layer.exists() or (layer / "data" / "payload").stat().st_size == COLD_PAYLOAD
 
     with api(node.server) as client:

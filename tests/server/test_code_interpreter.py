@@ -108,7 +108,7 @@ def test_the_js_sdk(node: NodeServer) -> None:
     import shutil
     import subprocess
 
-    from tests.envd.test_js_sdk import JS_DIR, ensure_node_modules
+    from tests.js_sdk import JS_DIR, ensure_node_modules
     from tests.server.harness import client_env
 
     node_bin = shutil.which("node")

@@ -23,156 +23,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2b import Sandbox, SandboxQuery, SandboxState
+from e2b import Sandbox, SandboxState
 
 from aenv.runtime import urpc
-from tests.conftest import free_port
-from tests.server.harness import (
-    NodeServer,
-    cleanup_home,
-    client_env,
-    kill_leaked,
-    start_server,
+from tests.server.crash_node import (
+    MARK,
+    CrashableNode,
+    crashable,
+    entries_of,
+    live_sandboxes,
+    outcomes_of,
+    snapshot_ids,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow]
-
-MARK = "/home/user/mark"
-LIVE = [SandboxState.RUNNING, SandboxState.PAUSED]
-#: How long an in-flight request may take to notice the server is gone.
-ORPHANED_CALL_S = 30.0
-
-
-class CrashableNode:
-    """One server home across crashes: ``kill9`` kills the server with SIGKILL, ``restart``
-    starts a new one on the same home, port, slot range and settings."""
-
-    def __init__(self, **settings: str) -> None:
-        # A restore that never answers (a broken memory image) fails in 15 s, not 30.
-        self.settings = {"envd_ready_timeout_s": "15", **settings}
-        self.server: NodeServer = start_server(free_port(), **self.settings)
-        self.home = self.server.home
-        self.slots = {k: self.server.env[f"AENV_{k.upper()}"]
-                      for k in ("net_first_index", "net_last_index")}
-        self._log_offset = 0
-        os.environ.update(client_env(self.server))
-        os.environ.pop("E2B_DEBUG", None)
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    @property
-    def staging(self) -> Path:
-        return self.home / "staging"
-
-    @property
-    def paused_dir(self) -> Path:
-        return self.home / "paused"
-
-    def kill9(self) -> None:
-        self.server.kill9()
-
-    def restart(self) -> None:
-        assert self.server.process.poll() is not None, "kill the server first"
-        self._log_offset = len(self.server.log())
-        self.server = start_server(self.server.port, home=self.home,
-                                   **{**self.settings, **self.slots})
-
-    def log_since_restart(self) -> str:
-        return self.server.log()[self._log_offset:]
-
-
-@contextlib.contextmanager
-def crashable(**settings: str) -> Iterator[CrashableNode]:
-    saved = dict(os.environ)
-    node = CrashableNode(**settings)
-    failed = True
-    leaked: list[int] = []
-    try:
-        yield node
-        failed = False
-    finally:
-        if node.server.process.poll() is None:
-            with contextlib.suppress(Exception):  # never hide the test's own failure
-                _kill_all()
-        node.server.stop()
-        leaked = kill_leaked(node.home)
-        os.environ.clear()
-        os.environ.update(saved)
-        log = node.server.log()
-        if failed or leaked or "Traceback" in log:
-            print(f"server log ({node.home}):\n" + log[-12000:])
-        cleanup_home(node.home)
-    assert not leaked, f"runsc processes outlived the server: {leaked}"
-
-
-def _listed() -> dict[str, SandboxState]:
-    found: dict[str, SandboxState] = {}
-    paginator = Sandbox.list(query=SandboxQuery(state=LIVE), limit=100)
-    while paginator.has_next:
-        for info in paginator.next_items():
-            found[info.sandbox_id] = info.state
-    return found
-
-
-def _snapshots() -> list[str]:
-    found: list[str] = []
-    paginator = Sandbox.list_snapshots(limit=100)
-    while paginator.has_next:
-        found.extend(s.snapshot_id for s in paginator.next_items())
-    return found
-
-
-def _kill_all() -> None:
-    for sandbox_id in _listed():
-        with contextlib.suppress(Exception):
-            Sandbox.kill(sandbox_id)
-
 
 def _with_mark(mark: str) -> Sandbox:
     sbx = Sandbox.create(timeout=600)
     sbx.files.write(MARK, mark)
     return sbx
-
-
-def _poll(condition: Callable[[], bool], timeout: float, what: str,
-          call: Future[Any] | None = None) -> None:
-    """Wait for ``condition``; give up early (quietly) once ``call`` has finished."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if call is not None and call.done():
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout}s")
-        time.sleep(0.005)
-
-
-def _entries(path: Path) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except FileNotFoundError:
-        return []
-
-
-def _outcomes(futures: list[Future[Any]]) -> list[Any]:
-    """The result of each call the crash cut short, or the exception it met."""
-    _, pending = wait(futures, timeout=ORPHANED_CALL_S)
-    assert not pending, "a request to the killed server did not end"
-    out = []
-    for future in futures:
-        exc = future.exception()
-        out.append(exc if exc is not None else future.result())
-    return out
 
 
 def _settle_spills(node: CrashableNode, timeout: float = 60.0) -> None:
@@ -184,11 +62,11 @@ def _settle_spills(node: CrashableNode, timeout: float = 60.0) -> None:
 
     def quiet() -> bool:
         text = node.log_since_restart()
-        return (not any(e.endswith(".partial") for e in _entries(node.paused_dir))
+        return (not any(e.endswith(".partial") for e in entries_of(node.paused_dir))
                 and all(f"paused {sid} to disk" in text for sid in frozen))
 
     with contextlib.suppress(TimeoutError):
-        _poll(quiet, timeout, "the re-scheduled spills")
+        wait_for(quiet, timeout, "the re-scheduled spills")
 
 
 def check_recovered(
@@ -213,10 +91,10 @@ def check_recovered(
     """
     # Nothing half-written survives a restart: the repository sweeps staging at start, and
     # finishes the commits of snapshots answered before the crash in the background.
-    _poll(lambda: _entries(node.staging) == [], 30, "staging emptied after the restart")
+    wait_for(lambda: entries_of(node.staging) == [], 30, "staging emptied after the restart")
     _settle_spills(node)
 
-    listed = _listed()
+    listed = live_sandboxes()
     lost = set(acknowledged) - set(listed)
     assert not lost, f"sandboxes lost in the crash: {lost} (listed: {listed})"
     for sid in paused or ():
@@ -225,7 +103,7 @@ def check_recovered(
         assert set(listed) == set(acknowledged), "sandboxes nobody created are listed"
 
     # Memory images belong to paused sandboxes only, and none is half-made.
-    images = _entries(node.paused_dir)
+    images = entries_of(node.paused_dir)
     assert not [e for e in images if e.endswith(".partial")], images
     strays = {e for e in images if listed.get(e) != SandboxState.PAUSED}
     assert not strays, f"memory images of no paused sandbox: {strays}"
@@ -239,7 +117,7 @@ def check_recovered(
         assert handle.commands.run("echo ok", timeout=30).stdout == "ok\n", (sid, state)
         assert Sandbox.get_info(sid).state == SandboxState.RUNNING, sid
 
-    listed_snapshots = _snapshots()
+    listed_snapshots = snapshot_ids()
     missing = set(snapshots or {}) - set(listed_snapshots)
     assert not missing, f"acknowledged snapshots lost: {missing}"
     if snapshot_mark is None:
@@ -258,7 +136,7 @@ def check_recovered(
 
 
 def _new_staging(node: CrashableNode, before: set[str], prefix: str = "") -> list[str]:
-    return [e for e in _entries(node.staging) if e not in before and e.startswith(prefix)]
+    return [e for e in entries_of(node.staging) if e not in before and e.startswith(prefix)]
 
 
 Trigger = Callable[[CrashableNode, set[str], str, Future[Any]], None]
@@ -268,7 +146,7 @@ def _mid_checkpoint(node: CrashableNode, before: set[str], prefix: str,
                     call: Future[Any]) -> None:
     """The staging directory appears just before ``runsc checkpoint`` starts writing into it;
     a save takes a few hundred ms."""
-    _poll(lambda: bool(_new_staging(node, before, prefix)), 20, "the staging directory", call)
+    wait_for(lambda: bool(_new_staging(node, before, prefix)), 20, "the staging directory", call)
     time.sleep(0.05)
 
 
@@ -286,7 +164,7 @@ def _mid_commit(node: CrashableNode, before: set[str], prefix: str,
         seen.update(staged)
         return any((node.staging / e / "manifest.json").exists() for e in staged)
 
-    _poll(manifest_or_renamed, 20, "the commit", call)
+    wait_for(manifest_or_renamed, 20, "the commit", call)
 
 
 def test_kill9_during_snapshot() -> None:
@@ -300,12 +178,12 @@ def test_kill9_during_snapshot() -> None:
 
         kill_whens: list[Trigger] = [_mid_checkpoint, _mid_commit]
         for kill_when in kill_whens:
-            before = set(_entries(node.staging))
+            before = set(entries_of(node.staging))
             with ThreadPoolExecutor(1) as pool:
                 call = pool.submit(source.create_snapshot)
                 kill_when(node, before, "snap", call)
                 node.kill9()
-                [outcome] = _outcomes([call])
+                [outcome] = outcomes_of([call])
             node.restart()
             if not isinstance(outcome, BaseException):
                 acked[outcome.snapshot_id] = "snapshot-source"
@@ -317,9 +195,9 @@ def _first_child_restored(node: CrashableNode, before: set[str], prefix: str,
                           call: Future[Any]) -> None:
     """Past the checkpoint, into the children's restores (no warm pool: every restore logged
     from now on is a child's; the others are still restoring)."""
-    _poll(lambda: bool(_new_staging(node, before, prefix)), 20, "the fork's staging", call)
+    wait_for(lambda: bool(_new_staging(node, before, prefix)), 20, "the fork's staging", call)
     offset = len(node.server.log())
-    _poll(lambda: "restored sandbox" in node.server.log()[offset:], 20, "a child", call)
+    wait_for(lambda: "restored sandbox" in node.server.log()[offset:], 20, "a child", call)
 
 
 def test_kill9_during_fork() -> None:
@@ -329,12 +207,12 @@ def test_kill9_during_fork() -> None:
 
         kill_whens: list[Trigger] = [_mid_checkpoint, _first_child_restored]
         for kill_when in kill_whens:
-            before = set(_entries(node.staging))
+            before = set(entries_of(node.staging))
             with ThreadPoolExecutor(1) as pool:
                 call = pool.submit(source.fork, count=4, timeout=600)
                 kill_when(node, before, "fork-", call)
                 node.kill9()
-                [outcome] = _outcomes([call])
+                [outcome] = outcomes_of([call])
             node.restart()
             if not isinstance(outcome, BaseException):
                 acknowledged.update({c.sandbox_id: c for c in outcome if isinstance(c, Sandbox)})
@@ -349,9 +227,9 @@ def _mid_spill(node: CrashableNode) -> None:
 
     def writing() -> bool:
         return any(e.endswith(".partial") and (node.paused_dir / e / "checkpoint.img").exists()
-                   for e in _entries(node.paused_dir))
+                   for e in entries_of(node.paused_dir))
 
-    _poll(writing, 20, "a spill's checkpoint")
+    wait_for(writing, 20, "a spill's checkpoint")
 
 
 def test_kill9_during_pause_spill() -> None:
@@ -365,7 +243,7 @@ def test_kill9_during_pause_spill() -> None:
             calls = [pool.submit(s.pause) for s in sandboxes]
             _mid_spill(node)
             node.kill9()
-            outcomes = _outcomes(calls)
+            outcomes = outcomes_of(calls)
 
         node.restart()
         acked_paused = {s.sandbox_id for s, o in zip(sandboxes, outcomes, strict=True)
@@ -404,7 +282,7 @@ def test_kill9_with_a_freeze_or_thaw_in_doubt() -> None:
         log = node.log_since_restart()
         for sandbox in (not_sent, took_effect, thawing):
             assert f"sandbox {sandbox.sandbox_id} was cut short" in log, log[-3000:]
-        listed = _listed()
+        listed = live_sandboxes()
         assert all(listed[s] == SandboxState.PAUSED for s in marks), listed
         check_recovered(node, {s.sandbox_id: s for s in (not_sent, took_effect, thawing)},
                         marks, paused={thawing.sandbox_id})

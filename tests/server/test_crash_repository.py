@@ -25,8 +25,8 @@ import httpx
 import pytest
 from e2b import Sandbox
 
+from tests.server.crash_node import MARK, CrashableNode, crashable, entries_of, live_sandboxes
 from tests.server.harness import API_KEY
-from tests.server.test_crash_lifecycle import MARK, CrashableNode, _entries, _listed, crashable
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -99,7 +99,7 @@ def test_kill9_at_each_step_loses_nothing(operation: str, step: str) -> None:
             failure = call.exception(timeout=60)  # ended one way or the other; never hangs
         node.restart()
 
-        listed = _listed()
+        listed = live_sandboxes()
         assert sbx.sandbox_id in listed, listed
         resumed = Sandbox.connect(sbx.sandbox_id, timeout=600)
         assert resumed.files.read(MARK) == "before"
@@ -109,7 +109,7 @@ def test_kill9_at_each_step_loses_nothing(operation: str, step: str) -> None:
         if operation == "snapshot" and failure is None:
             # Answered before the crash (the commit runs after the answer): it is kept.
             assert call.result().snapshot_id in snapshots, (step, snapshots)
-        assert _entries(node.staging) == []
+        assert entries_of(node.staging) == []
         assert _missing_blobs(node.home) == {}
         for snapshot_id in snapshots:
             child = Sandbox.create(snapshot_id, timeout=120)

@@ -22,7 +22,7 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import SandboxException
 
-from tests.server.test_crash_lifecycle import MARK, _entries, crashable
+from tests.server.crash_node import MARK, crashable, entries_of
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.timeout(600)]
 
@@ -76,14 +76,14 @@ def test_a_full_disk_fails_the_snapshot_and_the_spill_and_keeps_the_sandbox() ->
             assert sbx.is_running()
             assert sbx.files.read(MARK) == "kept"
             assert Sandbox.list_snapshots().next_items() == []
-            assert _entries(node.home / "staging") == []
+            assert entries_of(node.home / "staging") == []
 
             sbx.pause()  # acknowledged at once (frozen); the spill to disk then fails
             deadline = time.monotonic() + 60
             while "stays paused in memory" not in node.server.log():
                 assert time.monotonic() < deadline, node.server.log()[-3000:]
                 time.sleep(0.2)
-            assert [e for e in _entries(node.home / "paused") if e.endswith(".partial")] == []
+            assert [e for e in entries_of(node.home / "paused") if e.endswith(".partial")] == []
             resumed = Sandbox.connect(sbx.sandbox_id, timeout=600)
             assert resumed.files.read(MARK) == "kept"
             assert resumed.commands.run("md5sum /home/user/big").stdout == digest

@@ -34,11 +34,10 @@ import pytest
 
 from tests.certs import issue
 from tests.conftest import free_port
-from tests.envd.test_js_sdk import ensure_node_modules
+from tests.js_sdk import JS_DIR, ensure_node_modules
 from tests.network.egress_world import PUBLIC, World, egress_world
 from tests.network.peers import InternetPeer
 from tests.server.harness import NodeServer, client_env, serving
-from tests.server.test_js_server import JS_DIR, _ensure_node_modules
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.js, pytest.mark.timeout(900)]
 
@@ -85,8 +84,7 @@ def summary(node: NodeServer, world: World, tls: tuple[Path, Path, Path]) -> dic
     """One run of network_suite.mjs against the node: its JSON summary."""
     node_bin = shutil.which("node")
     assert node_bin, "node is required (make test installs it)"
-    _ensure_node_modules()  # a fresh checkout: npm ci
-    ensure_node_modules()   # a stale install: the pinned e2b, not an older one
+    ensure_node_modules()  # a fresh checkout or a stale install: the pinned e2b
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env.update(client_env(node))
     env.update({

@@ -6,29 +6,18 @@ import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
+from tests.js_sdk import JS_DIR, ensure_node_modules
 from tests.server.harness import NodeServer, client_env
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.js]
 
-JS_DIR = Path(__file__).resolve().parents[1] / "js"
-
-
-def _ensure_node_modules() -> None:
-    if (JS_DIR / "node_modules" / "e2b").is_dir():
-        return
-    npm = shutil.which("npm")
-    assert npm, "npm is required (make test installs it)"
-    subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS_DIR, check=True, timeout=600)
-
-
 def test_js_sdk_against_the_server(server: NodeServer) -> None:
     node = shutil.which("node")
     assert node, "node is required (make test installs it)"
-    _ensure_node_modules()
+    ensure_node_modules()
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env.update(client_env(server))
     done = subprocess.run(

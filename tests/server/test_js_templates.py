@@ -13,9 +13,9 @@ import subprocess
 import pytest
 
 from tests.images import push, ready_image
+from tests.js_sdk import JS_DIR, ensure_node_modules
 from tests.registry import Registry, registry
 from tests.server.harness import NodeServer, client_env
-from tests.server.test_js_server import JS_DIR, _ensure_node_modules
 
 __all__ = ["registry"]  # fixture used below
 
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.js]
 def test_js_template_builder_against_the_server(server: NodeServer, registry: Registry) -> None:
     node = shutil.which("node")
     assert node, "node is required (make test installs it)"
-    _ensure_node_modules()
+    ensure_node_modules()
     image = push(ready_image("busybox"), registry, "busybox").ref
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env.update(client_env(server))
