@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import datetime
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from aenv.core.faults import fault
+from aenv.storage.answered import AnsweredSnapshots
 from aenv.storage.artifacts import Artifacts
 from aenv.storage.blobs import BlobCache, BlobRef, blob_key
 from aenv.storage.commit_gate import CommitGate
@@ -57,7 +57,7 @@ from aenv.storage.manifest import (
 from aenv.storage.manifest_index import ManifestIndex, Snapshot, manifest_key
 from aenv.storage.materialize import LocalCopies, Materialized
 from aenv.storage.objects import ObjectStore
-from aenv.storage.pending_commits import CommitOrder, PendingCommits
+from aenv.storage.pending_commits import CommitOrder
 
 __all__ = [
     "IMAGE_FILES",
@@ -117,12 +117,10 @@ class SnapshotRepository:
         self._present: set[str] = set()
         self._local = LocalCopies(store, artifacts, self.images)
         self._gate = CommitGate()
-        #: Commits of snapshots already answered (:meth:`commit_later`).
-        self._pending = PendingCommits()
         #: Sandboxes' disk exports, in order per sandbox (a snapshot's after its answer).
         self.disk_exports = DiskExports(self.cache)
-        #: Answered before a stop, their disk not exported yet: see :meth:`start_exports`.
-        self._unexported: list[tuple[Staged, CommitOrder]] = []
+        #: Snapshots already answered, until committed (:meth:`commit_later`).
+        self._answered = AnsweredSnapshots(self, self._manifests, self._local)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -141,9 +139,7 @@ class SnapshotRepository:
         sealed: list[tuple[Staged, CommitOrder]] = []
         for name in sorted(listdir(self.staging)):
             staged = Staged(name.partition(".")[0], self.staging / name)
-            order = CommitOrder.read(staged.path) if is_snapshot_id(staged.snapshot_id) \
-                else None
-            if order is not None and order.draft.snapshot_id == staged.snapshot_id:
+            if (order := self._answered.sealed_order(staged)) is not None:
                 sealed.append((staged, order))  # answered before a crash: commit it now
                 continue
             rmtree(self.staging / name)
@@ -152,29 +148,16 @@ class SnapshotRepository:
         removed.extend(self.cache.start())
         self.artifacts.start()
         await self.refresh(force=True)
-        for staged, order in sealed:
-            if order.disk is None and order.disk_export is not None:
-                # Its disk clone is on the workspace pool, which may not be mounted yet.
-                self._unexported.append((staged, order))
-                continue
-            log.info("finishing the commit of snapshot %s, answered before the node stopped",
-                     staged.snapshot_id)
-            self._submit(staged, order)
+        self._answered.resume(sealed)
         return removed
 
     def start_exports(self) -> None:
-        """Finish the commits a stop left that still have a disk clone to export: call once
-        the workspace pool is mounted (the clones are on it; one missing then is gone, and
-        its snapshot is dropped with an error in the log)."""
-        for staged, order in self._unexported:
-            log.info("finishing the commit of snapshot %s (its disk's export first), "
-                     "answered before the node stopped", staged.snapshot_id)
-            self._submit(staged, order)
-        self._unexported.clear()
+        """Call once the workspace pool is mounted (``storage/answered.py``)."""
+        self._answered.start_exports()
 
     async def close(self) -> None:
         """Let the commits in flight finish (for a while; the rest at the next start)."""
-        await self._pending.close()
+        await self._answered.close()
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -243,7 +226,7 @@ class SnapshotRepository:
         disk: DiskImage | None = None,
         disk_export: DiskExportOrder | None = None,
     ) -> SnapshotDraft:
-        """:meth:`commit`, after the answer (``storage/pending_commits.py``).
+        """:meth:`commit`, after the answer (``storage/answered.py``).
 
         ``disk_export``: instead of ``disk``, a disk clone the commit exports first
         (``storage/disk_exports.py``), after earlier exports of the same sandbox.
@@ -255,123 +238,11 @@ class SnapshotRepository:
         store does not answer (one request is made first); ``OSError``; nothing is pending and
         the staged directory is left for the caller to :meth:`discard`.
         """
-        snapshot_id = self._check_new(staged, draft)
-        if snapshot_id in self._pending:
-            raise AlreadyExists(f"snapshot {snapshot_id} already exists")
-        # One request before the promise: a store that does not answer fails the snapshot
-        # now (503, as a commit would), not a read of it later; and the id is free.
-        if await self.store.head(manifest_key(snapshot_id)) is not None:
-            raise AlreadyExists(f"snapshot {snapshot_id} already exists")
-        order = CommitOrder(draft=draft, layers=[str(p) for p in layers],
-                            envd_bundle=str(envd_bundle), disk=disk, disk_export=disk_export)
-        await asyncio.to_thread(order.write, staged.path)
-        self._submit(staged, order)
+        self._check_new(staged, draft)
+        await self._answered.seal(staged, CommitOrder(
+            draft=draft, layers=[str(p) for p in layers], envd_bundle=str(envd_bundle),
+            disk=disk, disk_export=disk_export))
         return draft
-
-    def _submit(self, staged: Staged, order: CommitOrder) -> None:
-        export = order.disk_export if order.disk is None else None
-        if export is None:
-            self._pending.submit(order, self._committer(staged), where=staged.path)
-            return
-        self.disk_exports.hold(export)
-        self._pending.submit(order, self._committer(staged), where=staged.path,
-                             ended=lambda: self.disk_exports.release(export))
-
-    def _committer(self, staged: Staged) -> Callable[[CommitOrder], Awaitable[object]]:
-        exported: list[CommitOrder] = []  # the order once its disk is exported
-
-        async def export_disk(order: CommitOrder) -> CommitOrder:
-            if order.disk is not None or order.disk_export is None:
-                return order
-            if exported:
-                return exported[0]
-            if not await asyncio.to_thread(Path(order.disk_export.clone).is_file):
-                raise FailedPrecondition(f"snapshot {order.draft.snapshot_id}: its disk clone "
-                                         f"{order.disk_export.clone} is gone")
-
-            async def write_down(disk: DiskImage) -> None:
-                # Before the clone becomes the pin: a restart then commits these chunks,
-                # and never looks for the clone the pin took.
-                done = order.model_copy(update={"disk": disk})
-                await asyncio.to_thread(done.write, staged.path)
-                exported.append(done)
-
-            await self.disk_exports.export(order.disk_export, write_down)
-            return exported[0]
-
-        async def commit(order: CommitOrder) -> Snapshot:
-            order = await export_disk(order)
-            snapshot_id = order.draft.snapshot_id
-            if order.disk_export is not None:
-                # Exported before a crash that came before the clone became the pin.
-                with contextlib.suppress(FileNotFoundError):
-                    await asyncio.to_thread(Path(order.disk_export.clone).unlink)
-            try:
-                return await self.commit(
-                    staged, order.draft, layers=[Path(p) for p in order.layers],
-                    envd_bundle=Path(order.envd_bundle), disk=order.disk)
-            except AlreadyExists:
-                # A try before this one (or before a crash) put the manifest already.
-                snapshot = await self._manifests.load(snapshot_id)
-                if snapshot is None or snapshot.manifest.source_sandbox_id != \
-                        order.draft.source_sandbox_id:
-                    raise
-                self._manifests.add(snapshot)
-                if snapshot.manifest.memory:
-                    await asyncio.to_thread(self._local.link_image, snapshot.manifest)
-                await self.discard(staged)
-                return snapshot
-        return commit
-
-    async def settle(self, name_or_id: str | None = None) -> None:
-        """Wait for the pending commits (:meth:`commit_later`) a read of ``name_or_id`` may
-        see (None: all): then the index holds them. ``Unavailable`` if one failed (it is
-        tried again)."""
-        await self._pending.settle(name_or_id)
-
-    def pending(self, snapshot_id: str) -> bool:
-        """Whether ``snapshot_id`` was answered and is being committed."""
-        return snapshot_id in self._pending
-
-    def pending_clones(self) -> set[str]:
-        """The disk clones pending commits have still to export (paths)."""
-        return {o.disk_export.clone for o in self._pending.orders()
-                if o.disk_export is not None and o.disk is None}
-
-    def pending_draft(self, name_or_id: str) -> SnapshotDraft | None:
-        """The newest snapshot answered here under this id or name and still being
-        committed (its manifest without the blobs), or None."""
-        found = self._pending.newest(name_or_id)
-        return None if found is None else found[0].draft
-
-    async def materialize_pending(
-        self, name_or_id: str, disk_dir: Path | None
-    ) -> tuple[SnapshotDraft, Materialized] | None:
-        """A snapshot answered here and still being committed, usable at once: a restore
-        reads the staged memory image (linked into ``<images>/<id>/``, where its commit
-        leaves the same files), the source's layers and bundle, and the local clone of its
-        disk in ``disk_dir``; no wait for the commit or the disk's export.
-
-        None when nothing is pending under ``name_or_id``, or its commit ended meanwhile:
-        then :meth:`lookup` finds it committed.
-        """
-        found = self._pending.newest(name_or_id)
-        if found is None:
-            return None
-        order, where = found
-        draft = order.draft
-        disk = None
-        if order.disk is not None or order.disk_export is not None:
-            disk = None if disk_dir is None else disk_dir / f"{draft.snapshot_id}.img"
-            if disk is None or not disk.is_file():
-                return None  # the lookup's path answers why
-        try:
-            image = await asyncio.to_thread(self._local.link_staged, draft.snapshot_id,
-                                            where / "memory")
-        except FileNotFoundError:
-            return None  # committed meanwhile: the staged directory is gone
-        return draft, Materialized(image, tuple(Path(p) for p in order.layers),
-                                   Path(order.envd_bundle), disk)
 
     async def _publish(self, staged: Staged, draft: SnapshotDraft, layers: Sequence[Path],
                        envd_bundle: Path, memory: bool, memory_dir: Path | None,
@@ -515,7 +386,7 @@ class SnapshotRepository:
         ``verify``: also make sure the one found is still committed (another node may have
         deleted it since the index was read: one HEAD request), refreshing if it is not.
         """
-        await self._pending.settle(name_or_id)
+        await self._answered.settle(name_or_id)
         found = self.find(name_or_id)
         if found is not None and verify and not await self.committed(found.snapshot_id):
             found = None
@@ -535,6 +406,25 @@ class SnapshotRepository:
         if snapshot is None or snapshot.snapshot_id != snapshot_id:
             raise NotFound(f"snapshot {snapshot_id} not found")
         return snapshot
+
+    # -- answered, still being committed (``storage/answered.py``) ----------------------------
+
+    async def settle(self, name_or_id: str | None = None) -> None:
+        await self._answered.settle(name_or_id)
+
+    def pending(self, snapshot_id: str) -> bool:
+        return self._answered.pending(snapshot_id)
+
+    def pending_clones(self) -> set[str]:
+        return self._answered.pending_clones()
+
+    def pending_draft(self, name_or_id: str) -> SnapshotDraft | None:
+        return self._answered.pending_draft(name_or_id)
+
+    async def materialize_pending(
+        self, name_or_id: str, disk_dir: Path | None
+    ) -> tuple[SnapshotDraft, Materialized] | None:
+        return await self._answered.materialize_pending(name_or_id, disk_dir)
 
     # -- garbage collection -------------------------------------------------------------------
 
@@ -559,7 +449,7 @@ class SnapshotRepository:
         for name in listdir(self.images):
             # A pending snapshot's image is linked here before its manifest exists.
             if not name.startswith(".") and name not in self._manifests \
-                    and name not in self._pending:
+                    and not self._answered.pending(name):
                 await asyncio.to_thread(rmtree, self.images / name)
         log.info("gc: deleted %d blobs (%.1f MB), kept %d referenced and %d recent",
                  len(plan.delete), plan.freed_bytes / 1e6, plan.kept_referenced,
