@@ -17,26 +17,22 @@ from pathlib import Path
 import pytest
 
 from aenv.storage.layers import Layer, LayerStore
-from aenv.storage.mounts import read_mountinfo
+from aenv.storage.reflink_fs import ReflinkPool
 from aenv.storage.rootfs import RootfsStore
+from aenv.storage.workspaces import WorkspaceStore
 from aenv.templates.busybox import build_busybox
 from tests.s3 import S3Server, run_s3_server
+from tests.storage.workspace_pool import (
+    force_clean,
+    leftovers_settled,
+    mounts_under,
+    workspace_store,
+)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting overlays needs root")
 needs_busybox = pytest.mark.skipif(
     not Path("/bin/busybox").exists(), reason="needs busybox-static (/bin/busybox)"
 )
-
-
-def mounts_under(path: Path) -> list[str]:
-    """Mount points at or below ``path``, innermost (latest) first."""
-    real = os.path.realpath(path)
-    found = [
-        m.mount_point
-        for m in read_mountinfo()
-        if m.mount_point == real or m.mount_point.startswith(real + "/")
-    ]
-    return list(reversed(found))
 
 
 def _new_home() -> Path:
@@ -136,3 +132,31 @@ def s3_server() -> Iterator[S3Server]:
     """
     with run_s3_server() as server:
         yield server
+
+
+# Workspace pools on loop devices (workspace_pool.py): a home per test, and a store on it.
+
+
+@pytest.fixture
+async def home() -> AsyncIterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="aenv-ws-test-", dir="/tmp"))
+    try:
+        yield path
+        # The test detached its workspaces; unmounting the pool is the last step of teardown.
+        await ReflinkPool(path).unmount()
+        leaked = leftovers_settled(path)
+        assert not leaked, f"leaked mounts/loop devices: {leaked}"
+    finally:
+        force_clean(path)
+        if not leftovers_settled(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def store(home: Path) -> AsyncIterator[WorkspaceStore]:
+    s = await workspace_store(home)
+    try:
+        yield s
+    finally:
+        for sandbox_id in s.observe().images:
+            await s.detach(sandbox_id)

@@ -12,9 +12,7 @@ import pytest
 from aenv.storage.blobs import BlobCache
 from aenv.storage.disk_chunks import CHUNK_BYTES, assemble_disk, export_disk
 from aenv.storage.workspaces import WorkspaceStore
-from tests.storage.test_workspaces import _dd, home, store
-
-__all__ = ["home", "store"]  # fixtures
+from tests.storage.workspace_pool import dd
 
 pytestmark = [pytest.mark.anyio]
 
@@ -37,7 +35,7 @@ async def test_a_second_export_reads_only_what_changed(store: WorkspaceStore,
     pin = clones / "s1.last.img"
     await store.create("s1", 256)
     mounted = await store.attach("s1")
-    assert (await _dd(mounted / "upper" / "big", 64, "/dev/urandom")).returncode == 0
+    assert (await dd(mounted / "upper" / "big", 64, "/dev/urandom")).returncode == 0
     first_clone = await store.clone_frozen("s1", clones / "s1.1.img")
     first = await asyncio.to_thread(export_disk, first_clone, cache, index, pin)
     first_clone.rename(pin)

@@ -5,32 +5,17 @@ previous export waits for the exports still in flight."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
-import secrets
 from pathlib import Path
 
 import pytest
 
 from aenv.storage.blobs import BlobCache
-from aenv.storage.disk_chunks import CHUNK_BYTES
 from aenv.storage.disk_exports import DiskExportOrder, DiskExports
 from aenv.storage.manifest import DiskImage
+from tests.storage.disk_files import chunk_digests, clone_file
 
 pytestmark = [pytest.mark.anyio]
-
-
-def _clone(directory: Path, name: str, chunks: int = 3) -> tuple[Path, bytes]:
-    """A file standing in for a reflink clone of a disk: random data, whole chunks."""
-    data = secrets.token_bytes(chunks * CHUNK_BYTES)
-    path = directory / name
-    path.write_bytes(data)
-    return path, data
-
-
-def _digests(data: bytes) -> list[str]:
-    return ["sha256:" + hashlib.sha256(data[i:i + CHUNK_BYTES]).hexdigest()
-            for i in range(0, len(data), CHUNK_BYTES)]
 
 
 @pytest.fixture
@@ -47,8 +32,8 @@ def _order(tmp_path: Path, clone: Path) -> DiskExportOrder:
 
 
 async def test_exports_of_one_sandbox_take_turns(exports: DiskExports, tmp_path: Path) -> None:
-    first_clone, first_data = _clone(tmp_path, "c1.img")
-    second_clone, second_data = _clone(tmp_path, "c2.img")
+    first_clone, first_data = clone_file(tmp_path, "c1.img")
+    second_clone, second_data = clone_file(tmp_path, "c2.img")
     first, second = _order(tmp_path, first_clone), _order(tmp_path, second_clone)
     exports.hold(first)
     exports.hold(second)
@@ -69,8 +54,8 @@ async def test_exports_of_one_sandbox_take_turns(exports: DiskExports, tmp_path:
     one, two = await running, await following
     exports.release(first)
     exports.release(second)
-    assert [c.digest for c in one.chunks] == _digests(first_data)
-    assert [c.digest for c in two.chunks] == _digests(second_data)
+    assert [c.digest for c in one.chunks] == chunk_digests(first_data)
+    assert [c.digest for c in two.chunks] == chunk_digests(second_data)
     # The second came last: its clone is the pin, and no clone is left beside it.
     assert Path(second.pin).read_bytes() == second_data
     assert not first_clone.exists() and not second_clone.exists()
@@ -78,12 +63,12 @@ async def test_exports_of_one_sandbox_take_turns(exports: DiskExports, tmp_path:
 
 async def test_a_kill_during_an_export_drops_the_pin_when_it_ends(
         exports: DiskExports, tmp_path: Path) -> None:
-    earlier, _ = _clone(tmp_path, "c0.img", chunks=1)
+    earlier, _ = clone_file(tmp_path, "c0.img", chunks=1)
     await exports.export_now(_order(tmp_path, earlier))
     pin, index = Path(str(tmp_path / "s1.last.img")), tmp_path / "s1.json"
     assert pin.exists() and index.exists()
 
-    clone, _ = _clone(tmp_path, "c1.img")
+    clone, _ = clone_file(tmp_path, "c1.img")
     order = _order(tmp_path, clone)
     exports.hold(order)  # a snapshot was answered; its commit exports later
     exports.forget(index, pin)  # the sandbox is killed meanwhile
@@ -97,7 +82,7 @@ async def test_a_kill_during_an_export_drops_the_pin_when_it_ends(
 
 async def test_a_kill_with_no_export_in_flight_drops_the_pin_at_once(
         exports: DiskExports, tmp_path: Path) -> None:
-    clone, _ = _clone(tmp_path, "c1.img", chunks=1)
+    clone, _ = clone_file(tmp_path, "c1.img", chunks=1)
     order = _order(tmp_path, clone)
     await exports.export_now(order)
     exports.forget(Path(order.index_file), Path(order.pin))

@@ -16,7 +16,7 @@ from aenv.storage.disk_exports import DiskExportOrder
 from aenv.storage.objects import PosixLocation
 from aenv.storage.repository import SnapshotRepository
 from tests.storage.conftest import needs_root
-from tests.storage.test_disk_exports import _clone, _digests
+from tests.storage.disk_files import chunk_digests, clone_file
 from tests.storage.test_repository import (
     BASE,
     TOP,
@@ -133,7 +133,7 @@ def _export(node: Node, clone: Path) -> DiskExportOrder:
 
 
 async def test_a_disk_is_exported_after_the_answer(node: Node) -> None:
-    clone, data = _clone(node.home, "clone.img")
+    clone, data = clone_file(node.home, "clone.img")
     staged = node.repo.stage("snap-1")
     write_image(staged)
     await node.repo.commit_later(staged, draft("snap-1"), layers=[node.layer(BASE)],
@@ -141,7 +141,7 @@ async def test_a_disk_is_exported_after_the_answer(node: Node) -> None:
     assert node.repo.pending("snap-1")
     found = await node.repo.require("snap-1")
     assert found.manifest.disk is not None
-    assert [c.digest for c in found.manifest.disk.chunks] == _digests(data)
+    assert [c.digest for c in found.manifest.disk.chunks] == chunk_digests(data)
     # The clone is the sandbox's previous export now, for the next one to compare with.
     assert not clone.exists() and (node.home / "s1.last.img").read_bytes() == data
     await node.repo.close()
@@ -152,7 +152,7 @@ async def test_an_export_done_before_a_crash_is_committed_not_done_again(
     def crash(key: str) -> None:
         raise Crash(key)
 
-    clone, data = _clone(node.home, "clone.img")
+    clone, data = clone_file(node.home, "clone.img")
     node.store.before_put = crash  # the export runs, the commit cannot get anywhere...
     staged = node.repo.stage("snap-1")
     write_image(staged)
@@ -172,7 +172,7 @@ async def test_an_export_done_before_a_crash_is_committed_not_done_again(
     # The clone is the pin now: the order written before that names the chunks.
     found = await again.require("snap-1")
     assert found.manifest.disk is not None
-    assert [c.digest for c in found.manifest.disk.chunks] == _digests(data)
+    assert [c.digest for c in found.manifest.disk.chunks] == chunk_digests(data)
     assert os.listdir(again.staging) == []
     await again.close()
 
@@ -189,7 +189,7 @@ async def test_a_pending_snapshot_is_usable_here_before_its_commit(
     monkeypatch.setattr(node.store, "put_bytes", slow_put)  # the commit cannot finish yet
     disks = node.home / "disks"
     disks.mkdir()
-    clone, data = _clone(node.home, "clone.img", chunks=1)
+    clone, data = clone_file(node.home, "clone.img", chunks=1)
     (disks / "snap-1.img").write_bytes(data)  # the local clone the snapshot op keeps
     staged = node.repo.stage("snap-1")
     image = write_image(staged)
@@ -248,7 +248,7 @@ async def test_an_export_left_by_a_stop_waits_for_the_pool(node: Node) -> None:
     """A snapshot answered before a stop, its disk not exported yet: its clone is on the
     workspace pool, which a node mounts after the repository starts (after a reboot it is not
     mounted before). The commit starts only when the node says the pool is there."""
-    clone, data = _clone(node.home, "clone.img")
+    clone, data = clone_file(node.home, "clone.img")
     staged = node.repo.stage("snap-1")
     write_image(staged)
     pending_commits.CommitOrder(
@@ -265,5 +265,5 @@ async def test_an_export_left_by_a_stop_waits_for_the_pool(node: Node) -> None:
     again.start_exports()
     found = await again.require("snap-1")
     assert found.manifest.disk is not None
-    assert [c.digest for c in found.manifest.disk.chunks] == _digests(data)
+    assert [c.digest for c in found.manifest.disk.chunks] == chunk_digests(data)
     await again.close()

@@ -21,7 +21,7 @@ import pytest
 
 from aenv.storage.host_disk import RETRY_AFTER_S, HostDiskFull, Watermark, disk_usage
 from aenv.storage.workspaces import WorkspaceStore
-from tests.storage.test_workspaces import _dd, _store, home  # noqa: F401 (a fixture)
+from tests.storage.workspace_pool import dd, workspace_store
 
 pytestmark = [
     pytest.mark.anyio,
@@ -42,7 +42,7 @@ def _held(store: WorkspaceStore) -> int:
 
 async def _written(store: WorkspaceStore, sandbox_id: str) -> Path:
     upper = await store.attach(sandbox_id) / "upper"
-    done = await _dd(upper / "big", WRITTEN_MB, "/dev/urandom")
+    done = await dd(upper / "big", WRITTEN_MB, "/dev/urandom")
     assert done.returncode == 0, done.stderr
     return upper / "big"
 
@@ -71,8 +71,8 @@ async def _back_to(store: WorkspaceStore, baseline: int, within_s: float) -> flo
     return time.monotonic() - started
 
 
-async def test_a_removed_workspace_gives_its_blocks_back_to_the_host(home: Path) -> None:  # noqa: F811
-    store = await _store(home)
+async def test_a_removed_workspace_gives_its_blocks_back_to_the_host(home: Path) -> None:
+    store = await workspace_store(home)
     assert store.pool.discards()  # XFS passes what it frees on, by itself, at its checkpoints
     async with _trimming(store, 0):  # no regular polls: the remove's request
         await store.create("gone", 512)
@@ -85,8 +85,8 @@ async def test_a_removed_workspace_gives_its_blocks_back_to_the_host(home: Path)
         await _back_to(store, baseline, BACK_WITHIN_S)
 
 
-async def test_a_delete_inside_a_workspace_gives_its_blocks_back(home: Path) -> None:  # noqa: F811
-    store = await _store(home)
+async def test_a_delete_inside_a_workspace_gives_its_blocks_back(home: Path) -> None:
+    store = await workspace_store(home)
     await store.create("keep", 512)
     baseline = _held(store)
     big = await _written(store, "keep")
@@ -98,8 +98,8 @@ async def test_a_delete_inside_a_workspace_gives_its_blocks_back(home: Path) -> 
     await store.remove("keep")
 
 
-async def test_a_detached_then_removed_workspace_gives_its_blocks_back(home: Path) -> None:  # noqa: F811
-    store = await _store(home)
+async def test_a_detached_then_removed_workspace_gives_its_blocks_back(home: Path) -> None:
+    store = await workspace_store(home)
     async with _trimming(store, 0):
         await store.create("gone", 512)
         baseline = _held(store)
@@ -109,8 +109,8 @@ async def test_a_detached_then_removed_workspace_gives_its_blocks_back(home: Pat
         await _back_to(store, baseline, BACK_WITHIN_S)
 
 
-async def test_the_trimmer_polls_for_blocks_freed_behind_its_back(home: Path) -> None:  # noqa: F811
-    store = await _store(home)
+async def test_the_trimmer_polls_for_blocks_freed_behind_its_back(home: Path) -> None:
+    store = await workspace_store(home)
     async with _trimming(store, 0.2):
         await store.create("keep", 512)
         baseline = _held(store)
@@ -153,8 +153,8 @@ def test_the_watermark_refuses_above_and_admits_at_or_below() -> None:
             Watermark(fs, 0)
 
 
-async def test_the_store_refuses_new_disk_above_the_host_watermark(home: Path) -> None:  # noqa: F811
-    store = await _store(home)
+async def test_the_store_refuses_new_disk_above_the_host_watermark(home: Path) -> None:
+    store = await workspace_store(home)
     used = disk_usage(home).percent
     store.host_watermark_percent = max(used - 1, 0.1)
     with pytest.raises(HostDiskFull, match="watermark"):

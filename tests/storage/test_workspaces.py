@@ -12,9 +12,7 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ from aenv.storage.ext4_resize import has_cap_sys_resource
 from aenv.storage.reflink_fs import NotReflinkable, ReflinkPool
 from aenv.storage.workspaces import WorkspaceStore
 from tests.storage.conftest import mounts_under
+from tests.storage.workspace_pool import POOL_BYTES, dd, workspace_store
 
 pytestmark = [
     pytest.mark.anyio,
@@ -39,68 +38,8 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("mkfs.xfs") is None, reason="needs xfsprogs"),
 ]
 
-POOL_BYTES = 1 << 30
-
-
-def _leftovers(home: Path) -> list[str]:
-    return mounts_under(home) + [loop.device for loop in loopdev.loops_under(home)]
-
-
-def _leftovers_settled(home: Path) -> list[str]:
-    # A loop device with autoclear goes after its last unmount and its last opener (udev's
-    # probe of a new device is one): a moment, seconds on a loaded machine (a CI run saw one
-    # still there after 2 s beside two other shards).
-    deadline = time.monotonic() + 10.0
-    while (found := _leftovers(home)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return found
-
-
-def _force_clean(home: Path) -> None:
-    for mount_point in mounts_under(home):
-        subprocess.run(["umount", "--lazy", mount_point], check=False, capture_output=True)
-    for loop in loopdev.loops_under(home):
-        subprocess.run(["losetup", "-d", loop.device], check=False, capture_output=True)
-
-
-@pytest.fixture
-async def home() -> AsyncIterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="aenv-ws-test-", dir="/tmp"))
-    try:
-        yield path
-        # The test detached its workspaces; unmounting the pool is the last step of teardown.
-        await ReflinkPool(path).unmount()
-        leaked = _leftovers_settled(path)
-        assert not leaked, f"leaked mounts/loop devices: {leaked}"
-    finally:
-        _force_clean(path)
-        if not _leftovers_settled(path):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-async def _store(home: Path, **kwargs: object) -> WorkspaceStore:
-    pool = ReflinkPool(home, backing="image", image_size_bytes=POOL_BYTES)
-    await pool.start()
-    return WorkspaceStore(pool, **kwargs)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-async def store(home: Path) -> AsyncIterator[WorkspaceStore]:
-    s = await _store(home)
-    try:
-        yield s
-    finally:
-        for sandbox_id in s.observe().images:
-            await s.detach(sandbox_id)
-
-
 def _md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-async def _dd(dest: Path, mb: int, source: str = "/dev/zero") -> proc.Completed:
-    argv = ["dd", f"if={source}", f"of={dest}", "bs=1M", f"count={mb}", "conv=fsync"]
-    return await proc.run(argv, timeout=60, check=False)
 
 
 async def test_create_attach_write_detach_reattach_keeps_files(store: WorkspaceStore) -> None:
@@ -134,13 +73,13 @@ async def test_writing_past_the_disk_size_is_enospc_and_the_disk_stays_usable(
 ) -> None:
     await store.create("full", 64)
     mnt = await store.attach("full")
-    done = await _dd(mnt / "upper" / "big", 100)
+    done = await dd(mnt / "upper" / "big", 100)
     assert done.returncode != 0
     assert b"No space left on device" in done.stderr
     written = (mnt / "upper" / "big").stat().st_size
     assert 50 << 20 < written < 64 << 20
     (mnt / "upper" / "big").unlink()
-    assert (await _dd(mnt / "upper" / "again", 8)).returncode == 0
+    assert (await dd(mnt / "upper" / "again", 8)).returncode == 0
     assert (mnt / "upper" / "again").stat().st_size == 8 << 20
     await store.detach("full")
 
@@ -150,7 +89,7 @@ async def test_clone_frozen_is_a_point_in_time_copy_sharing_blocks(
 ) -> None:
     await store.create("src", 200)
     mnt = await store.attach("src")
-    await _dd(mnt / "upper" / "data", 100, "/dev/urandom")
+    await dd(mnt / "upper" / "data", 100, "/dev/urandom")
     (mnt / "upper" / "marker").write_text("v1")  # dirty in the page cache: the freeze flushes it
     before = store.pool.free_bytes()
     child = await store.clone_frozen("src", "child")
@@ -194,7 +133,7 @@ async def test_a_plain_clone_of_an_attached_workspace_is_refused(store: Workspac
 
 
 async def test_observe_finds_an_attached_workspace_after_a_crash(home: Path) -> None:
-    first = await _store(home)
+    first = await workspace_store(home)
     await first.create("crashy", 64)
     mnt = await first.attach("crashy")
     (mnt / "upper" / "f").write_text("kept")
@@ -202,7 +141,7 @@ async def test_observe_finds_an_attached_workspace_after_a_crash(home: Path) -> 
     device = first.pool.state.device
     del first  # the server died: only the kernel's state is left
 
-    second = await _store(home)
+    second = await workspace_store(home)
     assert second.pool.state.kind == "image" and second.pool.state.device == device
     seen = second.observe()
     assert set(seen.images) == {"crashy"}
@@ -295,19 +234,19 @@ async def test_detach_and_remove_are_idempotent(store: WorkspaceStore) -> None:
 
 
 async def test_pool_restart_reuses_the_mounted_and_the_unmounted_image(home: Path) -> None:
-    store = await _store(home)
+    store = await workspace_store(home)
     await store.create("keep", 64)
     (await store.attach("keep") / "upper" / "f").write_text("1")
     await store.detach("keep")
     device = store.pool.state.device
 
-    again = await _store(home)  # still mounted: reused as is
+    again = await workspace_store(home)  # still mounted: reused as is
     assert again.pool.state.device == device
     await again.pool.unmount()
     assert not mounts_under(home) and not loopdev.loops_under(home)
     await again.pool.unmount()  # idempotent
 
-    third = await _store(home)  # image on disk, not mounted: mounted again, not remade
+    third = await workspace_store(home)  # image on disk, not mounted: mounted again, not remade
     assert third.pool.state.kind == "image"
     assert (await third.attach("keep") / "upper" / "f").read_text() == "1"
     await third.detach("keep")
@@ -321,7 +260,7 @@ async def test_a_corrupt_pool_image_is_a_clear_error(home: Path) -> None:
 
 
 async def test_the_pool_never_admits_more_than_it_can_hold(home: Path) -> None:
-    store = await _store(home)
+    store = await workspace_store(home)
     await store.create("one", 600)
     with pytest.raises(NotEnoughSpace):
         await store.create("two", 600)
@@ -338,7 +277,7 @@ async def test_the_pool_never_admits_more_than_it_can_hold(home: Path) -> None:
 async def test_a_thin_pool_admits_its_overcommit_and_keeps_headroom_for_running_ones(
     home: Path,
 ) -> None:
-    store = await _store(home, overcommit=3.0)
+    store = await workspace_store(home, overcommit=3.0)
     for name in ("one", "two", "three"):
         await store.create(name, 900)  # 2,700 MiB promised on a pool of 1 GiB
     with pytest.raises(NotEnoughSpace, match="committed"):
@@ -350,7 +289,7 @@ async def test_a_thin_pool_admits_its_overcommit_and_keeps_headroom_for_running_
     filler = mount_point / "filler"
     free = store.pool.free_bytes()
     keep = store.pool.capacity_bytes() // 20 - (8 << 20)
-    await _dd(filler, max(1, (free - keep) >> 20), "/dev/urandom")
+    await dd(filler, max(1, (free - keep) >> 20), "/dev/urandom")
     with pytest.raises(NotEnoughSpace, match="kept for its running sandboxes"):
         await store.create("three", 32)
     filler.unlink()
@@ -381,7 +320,7 @@ async def test_grow_detached_and_attached(store: WorkspaceStore) -> None:
     assert not store.is_attached("grow") and not store.mount_point("grow").exists()
     mnt = await store.attach("grow")
     assert (mnt / "upper" / "keep").read_text() == "kept"
-    done = await _dd(mnt / "upper" / "big", 100)  # past the old size
+    done = await dd(mnt / "upper" / "big", 100)  # past the old size
     assert done.returncode == 0, done.stderr
     if has_cap_sys_resource():
         assert (await store.grow("grow", 200)).size_mb == 200

@@ -128,8 +128,10 @@ class SnapshotRepository:
         """Sweep local leftovers and load the index.
 
         Prerequisites: no other process uses this node's staging directory (the node lock).
-        On success: staging is empty (a crash mid-snapshot left it), the index holds every
-        committed manifest that parses; returns the local paths removed.
+        On success: staging holds only snapshots answered before a stop, whose commits are
+        under way again (those with a disk still to export wait for :meth:`start_exports`);
+        what a crash mid-snapshot left is removed; the index holds every committed manifest
+        that parses; returns the local paths removed.
         On failure: :class:`Unavailable` if the store cannot be listed (the node does not start
         on a repository it cannot read); ``OSError`` for local I/O errors.
         """

@@ -343,10 +343,13 @@ class WorkspaceStore:
             with contextlib.suppress(FileNotFoundError):
                 image.unlink()
                 fsync_dirs(self.pool.path)
-            self.trimmer.request()  # in the background: the kill does not wait for it
         # Nothing can attach a deleted image, so a file system that lives on is harmless here:
         # waited for only so that a kill leaves no device behind, and never failed for.
-        if left := await loopdev.wait_released(image, _REMOVE_RELEASE_S):
+        left = await loopdev.wait_released(image, _REMOVE_RELEASE_S)
+        # A deleted image's blocks are freed at its device's last close, not at the unlink: a
+        # trim asked for before that close found them still in use and gave nothing back.
+        self.trimmer.request()  # in the background: the kill does not wait for it
+        if left:
             log.warning("the deleted workspace of %s is still held by the kernel (%s)",
                         sandbox_id, ", ".join(loop.device for loop in left))
 
