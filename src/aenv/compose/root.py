@@ -76,6 +76,7 @@ from aenv.orchestrator.workload_identity import Issuer, TokenSpec
 from aenv.runtime import reaper
 from aenv.runtime.registry import build_runtime
 from aenv.storage.layers import LayerStore
+from aenv.storage.pending_commits import CLOSE_S as COMMITS_CLOSE_S
 from aenv.storage.rootfs import RootfsStore
 from aenv.storage.volume_catalog import VolumeCatalog
 from aenv.storage.volume_images import VolumeImages
@@ -91,6 +92,8 @@ log = logging.getLogger("aenv.compose")
 
 #: A close step this slow is logged with its time.
 SLOW_CLOSE_S = 1.0
+#: A close step still going after this long is cut short (logged): the node must stop.
+CLOSE_STEP_S = 10.0
 
 
 @contextlib.asynccontextmanager
@@ -119,7 +122,8 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
     with parts.console.status(f"opening the repository {repository.store.describe()}"):
         for leftover in await repository.start():
             log.info("removed %s, left by an interrupted snapshot", leftover)
-    _closing(stack, "the repository's pending commits", repository.close)
+    _closing(stack, "the repository's pending commits", repository.close,
+             within_s=COMMITS_CLOSE_S + CLOSE_STEP_S)
     catalog = TemplateCatalog(layers, repository)
     catalog.own_bundle = bundle
     await parts.prepare_templates(catalog)
@@ -286,12 +290,12 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         node.supervisor.spawn("code-interpreter", partial(run_provision_loop, node))
     if settings.cluster:
         heartbeat = join_cluster(node, settings.cluster)
-        stack.push_async_callback(heartbeat.close)
+        _closing(stack, "the cluster heartbeat", heartbeat.close)
         heartbeat.start()
         if settings.peer_fetch:
             peers = join_peers(settings, heartbeat)
             node.repository.cache.peers = peers
-            stack.push_async_callback(_leave_peers, node, peers)
+            _closing(stack, "the peers' blob fetches", partial(_leave_peers, node, peers))
     # Entered last, closed first: every background loop stops before what it used closes.
     _closing(stack, "the supervisor", node.supervisor.close)
     # Closed before it: kills that answered early finish their release while every
@@ -326,13 +330,18 @@ async def _reveal(node: Node, team_id: str | None, name: str) -> str | None:
 
 
 def _closing(stack: contextlib.AsyncExitStack, what: str,
-             close: Callable[[], Awaitable[object]]) -> None:
+             close: Callable[[], Awaitable[object]], within_s: float = CLOSE_STEP_S) -> None:
     """Close ``what`` when the stack unwinds; a failure there is logged, and the rest of
     the shutdown goes on."""
     async def closed() -> None:
         started = time.monotonic()
         try:
-            await close()
+            async with asyncio.timeout(within_s):
+                await close()
+        except TimeoutError:
+            # What it left undone (a sandbox of a pool, a flush) the next start recovers; a
+            # shutdown that hangs instead gets the node killed with everything still open.
+            log.warning("closing %s did not end within %g s: cut short", what, within_s)
         except Exception:
             log.exception("closing %s failed", what)
         # A shutdown that overstays its welcome is killed: which step held it is said here.
