@@ -28,6 +28,8 @@ BACKOFF_S = 1.0
 BACKOFF_MAX_S = 60.0
 #: A run this long resets the backoff: the failure before it was not a crash loop.
 HEALTHY_AFTER_S = 60.0
+#: A loop still going this long after its cancel is named in a warning.
+STOP_WARN_S = 3.0
 
 LoopState = Literal["running", "backing-off", "done", "stopped"]
 
@@ -70,11 +72,18 @@ class Supervisor:
         return [self._health[name] for name in sorted(self._health)]
 
     async def close(self) -> None:
-        """Cancel every loop and wait for them to end. Idempotent."""
+        """Cancel every loop and wait for them to end. Idempotent. A loop still going
+        ``STOP_WARN_S`` after its cancel is named in a warning (a loop that outlives its cancel
+        holds the node's shutdown), and still waited for."""
         self._closed = True
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
+        if tasks:
+            _, left = await asyncio.wait(tasks, timeout=STOP_WARN_S)
+            if left:
+                log.warning("background loops still going %g s after their cancel: %s",
+                            STOP_WARN_S, ", ".join(sorted(t.get_name() for t in left)))
         await asyncio.gather(*tasks, return_exceptions=True)
         for health in self._health.values():
             if health.state != "done":
