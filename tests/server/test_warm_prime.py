@@ -61,3 +61,23 @@ def _read_hostname(node: NodeServer, sbx: Sandbox, token: str) -> int:
     return httpx.get(f"{node.url}/files", params={"path": "/etc/hostname"},
                      headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983",
                               "X-Access-Token": token}, timeout=30).status_code
+
+
+def test_a_warm_sandbox_ran_a_first_command_ahead_and_shows_nothing_of_it() -> None:
+    """Priming runs one ``bash -l -c true`` in each warm sandbox, so the user's first command
+    finds bash's and envd's pages mapped in; it has ended by the claim. Its trace: the warm
+    sandbox's next pid is past a cold one's (both restore the same image)."""
+    with serving(warm_pool_size="1") as node:
+        _wait_ready(node, 1)
+        warm = Sandbox.create(timeout=120)
+        cold = Sandbox.create(timeout=120)  # the pool is empty until its refill's restore
+        try:
+            assert _step(node, warm.sandbox_id) == "primed"
+            assert re.search(rf"created {cold.sandbox_id} \(cold\)", node.log()), \
+                "the second create should have restored afresh"
+            assert warm.commands.list() == []
+            assert int(warm.commands.run("echo $$").stdout) > \
+                int(cold.commands.run("echo $$").stdout)
+        finally:
+            warm.kill()
+            cold.kill()

@@ -101,12 +101,14 @@ async def _capture_or_take(node: Node, booted: Booted, draft: SnapshotDraft,
         return made
 
 
-async def warm_up(node: Node, booted: Booted, token: str | None = None) -> None:
+async def warm_up(node: Node, booted: Booted, token: str | None = None, *,
+                  runs: int = 2) -> None:
     """Run what a restored sandbox's first command runs (the SDK's ``bash -l -c``), so the
     image is taken with bash's files in the sentry's caches and envd's command path warm:
-    a sandbox restored from it does not pay that on the user's first command."""
+    a sandbox restored from it does not pay that on the user's first command. The warm pool
+    runs it once more in each sandbox it restores (``warm.py``)."""
     async with EnvdProcesses(node.guests.transport(booted.slot), booted.slot, token) as run:
-        for _ in range(2):
+        for _ in range(runs):
             await run.run("/bin/bash", ["-l", "-c", "true"], user=booted.template.default_user,
                           cwd=booted.template.default_workdir, timeout_s=30.0)
 

@@ -7,7 +7,10 @@ background once fewer than ``low`` are left. Each is *primed*: its envd is given
 a create of the template with no more than that gives it (a token of its own, the template's
 env vars, user and workdir, a fresh boot id), so such a create, the usual one, skips its
 ``/init`` round trip into the guest (~25 of ~40 ms; ``ops/create.py``). The token stays on
-this node until the create that claims the sandbox puts it in its record.
+this node until the create that claims the sandbox puts it in its record. Priming also runs
+the SDK's first command (``bash -l -c true``) once: a restored sandbox maps its memory back in
+as the guest touches it, which the user's first command paid (~8-15 ms; it has ended, and
+shows nowhere, by the claim).
 
 Warm sandboxes have no store record: a crash leaves them as orphans, which recovery destroys.
 Each one costs an idle sandbox's memory (see docs/benchmarks.md); ``AENV_WARM_POOL_SIZE=0``
@@ -27,6 +30,7 @@ from aenv.core.ids import new_access_token, new_sandbox_id
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, hand_identity
+from aenv.orchestrator.template_image import warm_up
 from aenv.orchestrator.unwind import to_the_end
 from aenv.runtime.base import ENVD_PORT
 
@@ -119,6 +123,9 @@ class WarmPool:
         try:
             await hand_identity(self.node, booted, token=token,
                                 env_vars=dict(booted.template.env_vars), renew_boot_id=True)
+            # A restored sandbox maps its memory back in as the guest touches it: the first
+            # command paid ~9 ms more than the next for bash's and envd's pages. Paid here.
+            await warm_up(self.node, booted, token, runs=1)
             # And one idle connection in the proxy's pool: the first request through the
             # proxy then skips the TCP handshake into the guest's network stack.
             conn = await self.node.guests.acquire(booted.slot, ENVD_PORT)
