@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from aenv.storage.layers import Layer, LayerStore
+from aenv.storage.mounts import mounts_under
 from aenv.storage.reflink_fs import ReflinkPool
 from aenv.storage.rootfs import RootfsStore
 from aenv.storage.workspaces import WorkspaceStore
@@ -25,7 +26,6 @@ from tests.s3 import S3Server, run_s3_server
 from tests.storage.workspace_pool import (
     force_clean,
     leftovers_settled,
-    mounts_under,
     workspace_store,
 )
 

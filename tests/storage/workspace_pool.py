@@ -4,28 +4,15 @@ test may leave mounted or attached, and ``dd`` into a workspace."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
 
 from aenv.core import proc
 from aenv.storage import loopdev
-from aenv.storage.mounts import read_mountinfo
+from aenv.storage.mounts import mounts_under
 from aenv.storage.reflink_fs import ReflinkPool
 from aenv.storage.workspaces import WorkspaceStore
-
-
-def mounts_under(path: Path) -> list[str]:
-    """Mount points at or below ``path``, innermost (latest) first."""
-    real = os.path.realpath(path)
-    found = [
-        m.mount_point
-        for m in read_mountinfo()
-        if m.mount_point == real or m.mount_point.startswith(real + "/")
-    ]
-    return list(reversed(found))
-
 
 POOL_BYTES = 1 << 30
 
