@@ -49,6 +49,7 @@ from tests.server.harness import BUNDLE
 
 import bench.lifecycle.bare as lb_bare
 from aenv.runtime.runsc import RUNSC
+from bench import ksm_svg
 from bench.lifecycle.common import BARE_CGROUP, log
 from bench.lifecycle.idle_cpu import cpu_ticks
 from bench.node_bench.common import ms_since
@@ -407,9 +408,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 count = max(1, math.ceil(len(kids) * args.busy_fraction))
                 busy = set(kids[:: max(1, len(kids) // count)][:count])
                 for cid in sorted(busy):
+                    # Started in the background of a shell that exits at once: this runsc's
+                    # ``exec -detach`` fails here (its waiter loses the PID: exit 128).
                     pool._runsc(
-                        "exec", "-detach", cid, "/usr/bin/python3", "-c", BUSY,
-                        str(args.busy_mb), str(args.busy_period),
+                        "exec", cid, "/bin/sh", "-c",
+                        'python3 -c "$1" "$2" "$3" </dev/null >/dev/null 2>&1 &',
+                        "sh", BUSY, str(args.busy_mb), str(args.busy_period),
                     )  # fmt: skip
                 time.sleep(args.idle)
                 merged = fast_merge(args)
@@ -484,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy-mb", type=int, default=20)
     parser.add_argument("--busy-period", type=float, default=0.1, help="s between rewrites")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--svg", type=Path, default=None, help="write the density plot here")
     args = parser.parse_args(argv)
     if args.quick:
         args.children, args.idle, args.window, args.steady_window = 4, 4.0, 5.0, 8.0
@@ -494,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
     print(markdown(result))
+    if args.svg is not None:
+        args.svg.write_text(ksm_svg.svg(result))
     return 0
 
 

@@ -4,7 +4,8 @@ A node keeps sandboxes ``runsc create``d ahead for the shape of the last fork (b
 fork: the base template's). A fork takes them for as many children as it finds and restores
 the rest afresh; both kinds of child must carry the parent's files and running process, have
 their own identity, and be left behind by nothing once killed. With disk workspaces a fork
-child's disk exists only from the fork on, so there the pool serves template creates.
+child's disk is made ahead on the clone the parent's previous fork kept, and used while the
+parent's files did not change.
 """
 
 from __future__ import annotations
@@ -99,7 +100,11 @@ def test_with_an_empty_pool_a_fork_restores_every_child_afresh() -> None:
     assert not leaked_sandboxes(node.home)
 
 
-def test_disk_workspaces_use_the_pool_for_template_creates_and_fork_without_it() -> None:
+def test_disk_workspaces_pre_create_fork_children_while_the_parent_keeps_its_files() -> None:
+    """With disk workspaces the pool serves template creates, and fork children from the
+    second fork of a parent on: the first fork keeps its clone of the parent's disk and the
+    pool makes sandboxes on it; a fork finds them only while the parent's files are as they
+    were (``orchestrator/fork_seeds.py``), and after a write its children see the write."""
     with serving(workspace="disk", warm_pool_size="0", precreate_pool_size="2") as node:
         _wait_precreated(node, 2)
         created = [Sandbox.create(timeout=300) for _ in range(3)]
@@ -114,13 +119,39 @@ def test_disk_workspaces_use_the_pool_for_template_creates_and_fork_without_it()
         nonce = f"n-{time.time_ns()}"
         parent.files.write("/home/user/nonce", nonce)
         time.sleep(0.3)
+        made = len(_PRECREATED.findall(node.log()))
         children = parent.fork(count=2, timeout=120)
         how = _how_created(node, [c.sandbox_id for c in children])
-        assert set(how.values()) == {"cold"}, how  # the disk seed of a fork is new
+        assert set(how.values()) == {"cold"}, how  # nothing was made on this disk yet
         for child in children:
             _check_child(child, parent.sandbox_id, nonce)
-        for sbx in [*created, *children]:
+
+        _wait_precreated(node, made + 2)  # on the kept clone of the parent's disk
+        made = len(_PRECREATED.findall(node.log()))
+        again = parent.fork(count=2, timeout=120)
+        how = _how_created(node, [c.sandbox_id for c in again])
+        assert set(how.values()) == {"pre-created"}, how
+        for child in again:
+            _check_child(child, parent.sandbox_id, nonce)
+            # A disk of its own: what one child writes, no other sees.
+            assert child.files.read("/home/user/own") == child.sandbox_id
+
+        _wait_precreated(node, made + 2)  # the pool refilled
+        parent.files.write("/home/user/later", "written after the last fork")
+        third = parent.fork(count=2, timeout=120)
+        how = _how_created(node, [c.sandbox_id for c in third])
+        assert set(how.values()) == {"cold"}, how  # the parent's disk changed
+        for child in third:
+            assert child.files.read("/home/user/later") == "written after the last fork"
+            _check_child(child, parent.sandbox_id, nonce)
+        kept = list(node.home.rglob(f"{parent.sandbox_id}.*.fork.img"))
+        assert len(kept) == 1, kept  # one per parent: the last fork's
+        for sbx in [*created, *children, *again, *third]:
             sbx.kill()
+        deadline = time.monotonic() + 10
+        while kept[0].exists():  # dropped after the parent's kill answered
+            assert time.monotonic() < deadline, "a kept seed outlived its parent"
+            time.sleep(0.2)
     assert not leaked_sandboxes(node.home)
 
 

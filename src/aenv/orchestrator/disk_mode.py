@@ -22,6 +22,7 @@ from pathlib import Path
 
 from aenv.core.errors import FailedPrecondition
 from aenv.core.net import NetSlot
+from aenv.orchestrator import fork_seeds
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.disk_room import ensure_room
 from aenv.orchestrator.instance_codec import decode
@@ -165,6 +166,7 @@ def forget(node: Node, sandbox_id: str) -> None:
     if node.workspaces is None:
         return
     node.repository.disk_exports.forget(_index(node, sandbox_id), _pin(node, sandbox_id))
+    fork_seeds.forget(node.workspaces.pool.path / "clones", sandbox_id)
 
 
 def drop_stale_disks(node: Node) -> int:
@@ -192,7 +194,8 @@ def drop_stale_disks(node: Node) -> int:
 def _drop_stale_seeds(node: Node) -> int:
     """Clones of a disk (:func:`seed_path`) live for one snapshot, fork or pause, or until
     their snapshot's export after the answer; one older than ``gc_grace_s`` that no pending
-    export names was left by a crash. Pins (``<id>.last.img``) go with their sandbox."""
+    export names was left by a crash. Pins (``<id>.last.img``) go with their sandbox, and
+    so do the seeds kept for a parent's next fork (``fork_seeds``), whatever their age."""
     assert node.workspaces is not None
     directory = node.workspaces.pool.path / "clones"
     wanted = node.repository.pending_clones()
@@ -200,6 +203,9 @@ def _drop_stale_seeds(node: Node) -> int:
     for path in directory.glob("*.img"):
         if path.name.endswith(".last.img") or str(path) in wanted:
             continue
+        parent = fork_seeds.parent_of(path)
+        if parent is not None and node.workspaces.image_path(parent).exists():
+            continue  # kept for the next fork of a parent that still has its disk
         with contextlib.suppress(FileNotFoundError):
             if time.time() - path.stat().st_mtime > node.settings.gc_grace_s:
                 path.unlink()

@@ -19,8 +19,9 @@ instance's ``runtime_id`` and takes over the pre-created sandbox's rootfs direct
 from then on. That works with
 memory workspaces only: with disk workspaces the rootfs is the sandbox's own disk, which the
 gofer would have to bind at ``create``. For the same reason a fork child's disk there is a
-clone of its parent's taken at the fork, which does not exist when the sandbox would have to be
-created: only template shapes, whose disk seed is the template's, are pre-created there.
+clone of its parent's taken at the fork: the pool makes them on the seed a fork kept for the
+parent's next one (``fork_seeds``), which that fork uses only if the parent's files did not
+change in between.
 
 The pool refills one sandbox at a time and only while no create or fork runs on the node
 (``busy``): a refill competing with a fork's restores for the same cores would slow the fork.
@@ -126,7 +127,9 @@ class PrecreatedPool:
 
     def want(self, template: Template) -> None:
         """Keep sandboxes of ``template``'s shape from now on (those of another are
-        destroyed). Not for a template whose disk seed is about to go (a fork's)."""
+        destroyed). Its disk seed, if any, must stay (a snapshot's, or the one a fork kept
+        for the parent's next fork: ``fork_seeds``); once it is gone the pool goes back to
+        the default template's shape."""
         if self._template is not None and self._node is not None and \
                 shape_of(self.node, template) == shape_of(self.node, self._template):
             return

@@ -36,7 +36,7 @@ from aenv.core.errors import (
 from aenv.core.ids import new_sandbox_id
 from aenv.core.states import SandboxState
 from aenv.core.timeouts import timeout_or_default
-from aenv.orchestrator import disk_mode
+from aenv.orchestrator import disk_mode, fork_seeds
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.egress import identity_of
@@ -108,7 +108,10 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
         finally:
             await back_to_running(node, record)
         saved = time.monotonic()
-        template = replace(_parent_template(node, record, image_dir), disk_image=seed)
+        # Disk workspaces: the seed kept from this parent's previous fork when its files are
+        # the same, so that the children made ahead on it serve (orchestrator/fork_seeds.py).
+        disk = None if seed is None else await fork_seeds.reuse(record.sandbox_id, seed)
+        template = replace(_parent_template(node, record, image_dir), disk_image=disk)
         params = CreateParams(
             template=template.template_id,
             timeout_s=timeout,
@@ -130,9 +133,14 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
             return_exceptions=True
         )
         if seed is None:
-            # The next fork of this family finds its children created ahead. (A disk seed is
-            # deleted below: nothing can be created on it ahead.)
+            # The next fork of this family finds its children created ahead.
             node.precreated.want(template)
+        elif (kept := await fork_seeds.settle(node, record.sandbox_id, template.disk_image or seed,
+                                              seed)) is not None:
+            # The same, on disks cloned from the seed kept for the parent's next fork (the
+            # pool needs no memory image, and this one is discarded below).
+            node.precreated.want(replace(template, image=None, disk_image=kept))
+        seed = None
     finally:
         await node.repository.discard(staged)
         if seed is not None:
