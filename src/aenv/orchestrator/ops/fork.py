@@ -12,6 +12,8 @@ met (``ResourceExhausted`` beyond the node's limit, a failed restore); the sourc
 On failure (of the whole call): ``NotFound`` when the source does not exist (never did, or was
 killed: E2B answers the whole request 404), ``Conflict`` when it is busy or paused, a failed
 checkpoint (``RuntimeFailure``); the source runs on, no child exists.
+With disk workspaces the clone of the source's disk the fork took is kept for its next fork,
+whose children may then be made ahead (``orchestrator/fork_seeds.py``).
 A crash mid-fork leaves ``creating`` children (torn down by recovery) and a staging image
 (removed at start); the source is re-attached as running.
 """
@@ -135,12 +137,14 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
         if seed is None:
             # The next fork of this family finds its children created ahead.
             node.precreated.want(template)
-        elif (kept := await fork_seeds.settle(node, record.sandbox_id, template.disk_image or seed,
-                                              seed)) is not None:
-            # The same, on disks cloned from the seed kept for the parent's next fork (the
-            # pool needs no memory image, and this one is discarded below).
-            node.precreated.want(replace(template, image=None, disk_image=kept))
-        seed = None
+        else:
+            kept = await fork_seeds.settle(node, record.sandbox_id,
+                                           template.disk_image or seed, seed)
+            seed = None  # kept or removed by ``settle``
+            if kept is not None:
+                # The same, on disks cloned from the seed kept for the parent's next fork
+                # (the pool needs no memory image, and this one is discarded below).
+                node.precreated.want(replace(template, image=None, disk_image=kept))
     finally:
         await node.repository.discard(staged)
         if seed is not None:
