@@ -52,3 +52,39 @@ def test_a_pool_stopped_while_it_changes_shape_destroys_the_sandbox_it_was_disca
         assert released == ["a", "b"]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("as_family", [True, False])
+def test_a_fork_family_is_kept_though_the_forks_image_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, as_family: bool) -> None:
+    """A fork's memory image is discarded right after its children started, and the pool
+    needs none: ``want_family`` keeps the family of a parent on other layers than the default
+    template's. A template wanted with an image that is gone (a deleted snapshot's) sends
+    the pool back to the default (before, a fork's family did the same)."""
+    made: list[str] = []
+
+    async def make(node: Any, sandbox_id: str, template: Template) -> Any:
+        made.append(template.template_id)
+        return None, SimpleNamespace(sandbox_id=sandbox_id)
+
+    monkeypatch.setattr(precreated, "precreate_sandbox", make)
+
+    async def scenario() -> None:
+        pool = PrecreatedPool(size=1)
+        pool._node = _node(tmp_path)
+        base = Template("base", None, (tmp_path / "base-layer",))
+        pool._default = pool._template = base
+        family = Template("custom", None, (tmp_path / "custom-layer",),
+                          image=tmp_path / "discarded-image")  # as after the fork's discard
+        if as_family:
+            pool.want_family(family)
+        else:
+            pool.want(family)
+        fill = asyncio.create_task(pool._fill())
+        await asyncio.sleep(0.05)
+        fill.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fill
+
+    asyncio.run(scenario())
+    assert made == (["custom"] if as_family else ["base"])

@@ -37,7 +37,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aenv.core.errors import FailedPrecondition
@@ -135,6 +135,13 @@ class PrecreatedPool:
             return
         self._template = template
         self._wake.set()
+
+    def want_family(self, template: Template) -> None:
+        """:meth:`want` for the next fork of a parent whose fork made ``template``: the pool
+        restores nothing itself, and that fork's memory image is discarded once its children
+        run, so the family is kept without it (else the pool would take it for a deleted
+        snapshot's and go back to the default shape)."""
+        self.want(replace(template, image=None))
 
     def take(self, template: Template) -> Precreated | None:
         """A pre-created sandbox of ``template``'s shape, or None (then restore afresh)."""

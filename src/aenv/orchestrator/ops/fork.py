@@ -136,15 +136,14 @@ async def _fork(node: Node, record: SandboxRecord, count: int, fits: int, timeou
         )
         if seed is None:
             # The next fork of this family finds its children created ahead.
-            node.precreated.want(template)
+            node.precreated.want_family(template)
         else:
             kept = await fork_seeds.settle(node, record.sandbox_id,
                                            template.disk_image or seed, seed)
             seed = None  # kept or removed by ``settle``
             if kept is not None:
-                # The same, on disks cloned from the seed kept for the parent's next fork
-                # (the pool needs no memory image, and this one is discarded below).
-                node.precreated.want(replace(template, image=None, disk_image=kept))
+                # The same, on disks cloned from the seed kept for the parent's next fork.
+                node.precreated.want_family(replace(template, disk_image=kept))
     finally:
         await node.repository.discard(staged)
         if seed is not None:
