@@ -144,7 +144,7 @@ def test_disk_workspaces_pre_create_fork_children_while_the_parent_keeps_its_fil
         for child in third:
             assert child.files.read("/home/user/later") == "written after the last fork"
             _check_child(child, parent.sandbox_id, nonce)
-        kept = list(node.home.rglob(f"{parent.sandbox_id}.*.fork.img"))
+        kept = list(node.home.glob(f"workspaces/clones/{parent.sandbox_id}.*.fork.img"))
         assert len(kept) == 1, kept  # one per parent: the last fork's
         for sbx in [*created, *children, *again, *third]:
             sbx.kill()

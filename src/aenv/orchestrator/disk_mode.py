@@ -46,11 +46,16 @@ def image_key(node: Node) -> tuple[str, ...]:
     return (f"disk {node.settings.disk_size_mb} MiB",) if on_disk(node) else ()
 
 
-def seed_path(node: Node, name: str) -> Path:
-    """Where a clone of a sandbox's disk is kept while children are made from it: on the
-    pool's filesystem (reflinks do not cross filesystems), outside its top directory."""
+def clones_dir(node: Node) -> Path:
+    """Where clones of sandboxes' disks live: on the pool's filesystem (reflinks do not cross
+    filesystems), outside its top directory."""
     assert node.workspaces is not None
-    directory = node.workspaces.pool.path / "clones"
+    return node.workspaces.pool.path / "clones"
+
+
+def seed_path(node: Node, name: str) -> Path:
+    """Where a clone of a sandbox's disk is kept while children are made from it."""
+    directory = clones_dir(node)
     directory.mkdir(exist_ok=True)
     return directory / f"{name}.img"
 
@@ -111,8 +116,7 @@ def disk_dir(node: Node) -> Path | None:
 
 
 def _pin(node: Node, sandbox_id: str) -> Path:
-    assert node.workspaces is not None
-    return node.workspaces.pool.path / "clones" / f"{sandbox_id}.last.img"
+    return clones_dir(node) / f"{sandbox_id}.last.img"
 
 
 def _index(node: Node, sandbox_id: str) -> Path:
@@ -166,7 +170,7 @@ def forget(node: Node, sandbox_id: str) -> None:
     if node.workspaces is None:
         return
     node.repository.disk_exports.forget(_index(node, sandbox_id), _pin(node, sandbox_id))
-    fork_seeds.forget(node.workspaces.pool.path / "clones", sandbox_id)
+    fork_seeds.forget(clones_dir(node), sandbox_id)
 
 
 def drop_stale_disks(node: Node) -> int:
@@ -197,7 +201,7 @@ def _drop_stale_seeds(node: Node) -> int:
     export names was left by a crash. Pins (``<id>.last.img``) go with their sandbox, and
     so do the seeds kept for a parent's next fork (``fork_seeds``), whatever their age."""
     assert node.workspaces is not None
-    directory = node.workspaces.pool.path / "clones"
+    directory = clones_dir(node)
     wanted = node.repository.pending_clones()
     dropped = 0
     for path in directory.glob("*.img"):

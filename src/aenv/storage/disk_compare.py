@@ -13,6 +13,7 @@ Owns nothing: it reads the two files.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 from collections.abc import Iterator
@@ -71,15 +72,9 @@ def mapped_apart(a: list[Extent], b: list[Extent]) -> Iterator[tuple[int, int]]:
 
 
 def _physical(extent_list: list[Extent], offset: int) -> int | None:
-    """Where ``offset`` lies on the device, or None in a hole (binary search)."""
-    lo, hi = 0, len(extent_list)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        start, physical, length = extent_list[mid]
-        if offset < start:
-            hi = mid
-        elif offset >= start + length:
-            lo = mid + 1
-        else:
-            return physical + (offset - start)
-    return None
+    """Where ``offset`` lies on the device, or None in a hole."""
+    at = bisect.bisect_right(extent_list, offset, key=lambda extent: extent[0]) - 1
+    if at < 0:
+        return None
+    start, physical, length = extent_list[at]
+    return physical + (offset - start) if offset < start + length else None
