@@ -68,6 +68,8 @@ RESUMED_RE = re.compile(
 SPILLED_RE = re.compile(
     r"paused (?P<id>[a-z0-9]{20}) to disk in (?P<ms>\d+) ms \((?P<mb>[\d.]+) MB\)"
 )
+#: ``orchestrator/resume_ready.py``: a runtime sandbox made on a paused sandbox's files.
+READY_TO_RESUME_RE = re.compile(r"paused sandbox (?P<id>[a-z0-9]{20}) is ready to resume")
 WARM_READY_RE = re.compile(r"warm sandbox (?P<id>[a-z0-9]{20}) ready in (?P<ms>\d+) ms")
 #: ``created <id> (<kind>) in N ms: phases`` (orchestrator/ops/create.py), any kind.
 CREATED_KIND_RE = re.compile(

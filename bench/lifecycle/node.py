@@ -29,6 +29,7 @@ from bench.node_bench.node import PHASE_RE, Node, remove_home, stop_node
 
 #: The product default (the harness's servers default to 0).
 PRECREATE_POOL = int(Settings.model_fields["precreate_pool_size"].default)
+RESUME_READY = int(Settings.model_fields["resume_ready_size"].default)
 
 
 # -- the node ---------------------------------------------------------------------------------
@@ -148,8 +149,9 @@ class LifecycleNode(Node):
 
 
 def start_node(workspace: str = "disk", name: str = "lifecycle") -> LifecycleNode:
-    """A node with the product's defaults (the harness turns the pre-created pool off unless
-    told): ``workspace`` mode, the default pre-created and warm pools."""
+    """A node with the product's defaults (the harness turns the pre-created pool and the
+    ready-to-resume sandboxes off unless told): ``workspace`` mode, the default pre-created
+    and warm pools, paused sandboxes kept ready to resume."""
     started = time.perf_counter()
     server = start_server(
         free_port(),
@@ -157,6 +159,7 @@ def start_node(workspace: str = "disk", name: str = "lifecycle") -> LifecycleNod
         pause_hot_s=str(PAUSE_HOT_S),
         workspace=workspace,
         precreate_pool_size=str(PRECREATE_POOL),
+        resume_ready_size=str(RESUME_READY),
     )
     first = int(server.env["AENV_NET_FIRST_INDEX"])
     last = int(server.env["AENV_NET_LAST_INDEX"])

@@ -171,13 +171,15 @@ def start_server(port: int, home: Path | None = None, *, netns: str | None = Non
     # give one (the suite runs in both).
     mode = os.environ.get("AENV_TEST_WORKSPACE")
     # Pre-created sandboxes cost every server start ~0.1 s of CPU each: only the tests of
-    # the pool ask for them.
+    # the pool ask for them. So do paused sandboxes kept ready to resume: the tests of the
+    # disk tier see a paused sandbox's runtime freed (``test_resume_ready.py`` turns it on).
     # The code-interpreter template is built only by the tests of it (a few minutes, once).
     slots = _slot_range()
     if "slot_count" in settings:  # fewer slots than the range's 100 (tests of slot pressure)
         first = int(slots["net_first_index"])
         slots["net_last_index"] = str(first + int(settings.pop("slot_count")) - 1)
-    settings = {**slots, "precreate_pool_size": "0", "code_interpreter": "false",
+    settings = {**slots, "precreate_pool_size": "0", "resume_ready_size": "0",
+                "code_interpreter": "false",
                 **({"workspace": mode} if mode else {}), **settings}
     CACHE.mkdir(parents=True, exist_ok=True)
     env = {

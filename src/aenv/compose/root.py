@@ -58,6 +58,7 @@ from aenv.orchestrator.paused_repo import publish_pending
 from aenv.orchestrator.precreated import PrecreatedPool
 from aenv.orchestrator.recover import recover
 from aenv.orchestrator.restore_match import host_requirements
+from aenv.orchestrator.resume_ready import ResumeReady
 from aenv.orchestrator.sandbox_logs import LogBook
 from aenv.orchestrator.secrets import Vault
 from aenv.orchestrator.settle import settle
@@ -168,6 +169,7 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
                         scratch_dir=build_dir / "scratch"),
         warm=WarmPool(settings.warm_pool_size, settings.warm_pool_low),
         precreated=PrecreatedPool(settings.precreate_pool_size),
+        resume_ready=ResumeReady(settings.resume_ready_size, settings.resume_ready_s),
         spiller=Spiller(settings),
         host_requirements=catalog.host, workspaces=workspaces,
         volumes=Volumes(settings, VolumeCatalog(repository.store), VolumeImages(settings.home),
@@ -222,6 +224,8 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
     _closing(stack, "the pre-created pool", node.precreated.close)
     _closing(stack, "the warm pool", node.warm.close)
     _closing(stack, "the sandboxes' owners", node.owners.close)
+    # Closed before the owners: giving a ready sandbox up takes the sandbox's turn.
+    _closing(stack, "the ready-to-resume sandboxes", node.resume_ready.close)
     _closing(stack, "the spiller", node.spiller.close)
     _closing(stack, "the template builder", node.builder.close)
     deaths = DeathWatch(node)
@@ -258,6 +262,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
         log.info("published %d paused sandboxes to the repository", published)
     if failed := await node.builder.recover():
         log.info("%d template builds were cut short by the restart", failed)
+    await node.resume_ready.start(node)
     await node.spiller.start(node)
     loops: dict[str, Callable[[], Awaitable[None]]] = {
         "ttl": partial(run_ttl_loop, node), "idle": partial(run_idle_loop, node),

@@ -51,7 +51,8 @@ SANDBOXES = Gauge("aenv_sandboxes", "Sandboxes on the node by state", ["state"],
                   registry=NODE)
 POOL_READY = Gauge(
     "aenv_pool_ready",
-    "What the node's pools hold ready (warm sandboxes, pre-created sandboxes, network slots)",
+    "What the node's pools hold ready (warm sandboxes, pre-created sandboxes, paused "
+    "sandboxes ready to resume, network slots)",
     ["pool"], registry=NODE)
 ALLOCATED = Gauge(
     "aenv_allocated",

@@ -42,6 +42,7 @@ from aenv.store.templates import TemplateStore
 if TYPE_CHECKING:
     from aenv.orchestrator.builder import Builder
     from aenv.orchestrator.precreated import PrecreatedPool
+    from aenv.orchestrator.resume_ready import ResumeReady
     from aenv.orchestrator.spill import Spiller
     from aenv.orchestrator.warm import WarmPool
 
@@ -124,6 +125,9 @@ class Node:
     warm: WarmPool
     #: Sandboxes created ahead (not started) for restores of one shape (size 0: none).
     precreated: PrecreatedPool
+    #: Sandboxes paused to disk with a runtime sandbox made ahead on their files, so their
+    #: resume restores into it (disk workspaces; size 0: none).
+    resume_ready: ResumeReady
     #: Writes frozen (hot-paused) sandboxes to disk in the background.
     spiller: Spiller
     #: What this node offers a memory image (``restore_match.host_requirements``): recorded

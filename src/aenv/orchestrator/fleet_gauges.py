@@ -32,6 +32,7 @@ async def measure(node: Node, cpu: CpuMeter) -> None:
         telemetry.SANDBOXES.labels(state=state.value).set(states.get(state, 0))
     telemetry.POOL_READY.labels(pool="warm").set(node.warm.ready)
     telemetry.POOL_READY.labels(pool="precreated").set(node.precreated.ready)
+    telemetry.POOL_READY.labels(pool="resume_ready").set(node.resume_ready.ready)
     telemetry.POOL_READY.labels(pool="network_slots").set(node.pool.ready_count)
     given = Usage.of(records)
     cpus = sum(r.cpu_count for r in records if is_up(r))

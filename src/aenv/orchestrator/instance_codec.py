@@ -36,8 +36,15 @@ def frozen(data: dict[str, Any] | None) -> bool:
 
 
 def paused_image(data: dict[str, Any] | None) -> Path | None:
-    """The memory image of a sandbox paused to disk (no runtime, no slot)."""
+    """The memory image of a sandbox paused to disk (nothing runs; a runtime sandbox and a
+    slot only when it is :func:`ready_to_resume`)."""
     return Path(data["image"]) if data and data.get("image") else None
+
+
+def ready_to_resume(data: dict[str, Any] | None) -> bool:
+    """Paused to disk with a runtime sandbox created ahead on its files, not started
+    (``orchestrator/resume_ready.py``): its resume restores into that one."""
+    return bool(data and data.get("image") and data.get("slot") and data.get("runtime_id"))
 
 
 def envd_bundle_of(data: dict[str, Any] | None, default: Path) -> Path:

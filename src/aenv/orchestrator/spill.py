@@ -101,7 +101,10 @@ class Spiller:
             async with self._writers:
                 if sandbox_id in self._due:  # re-scheduled (or cancelled) while it waited
                     return
-                await spill(node, sandbox_id)
+                spilled = await spill(node, sandbox_id)
+            if spilled is not None:
+                # Outside the writers' turn: a create is no checkpoint.
+                await node.resume_ready.offer(sandbox_id)
         except Conflict as exc:
             if node.owners.killed(sandbox_id):
                 return

@@ -29,5 +29,17 @@ class PoolSettings(Section):
     restores of one shape: the last fork's parent (or, before any fork, the default
     template). A fork child or a create the warm pool cannot serve is restored into one in
     ~95 ms instead of ~180 ms. Each costs ~12 MiB and one network slot while it waits; a
-    fork of 16 children wants 16. With disk workspaces only template creates use them (a
-    fork child's disk does not exist before the fork). 0 disables."""
+    fork of 16 children wants 16. With disk workspaces a parent's first fork finds none (its
+    children's disk does not exist before it); its next ones do while its files stay the
+    same. 0 disables."""
+
+    resume_ready_size: int = Field(default=8, ge=0, le=256)
+    """With disk workspaces: how many sandboxes paused to disk the node keeps ready to
+    resume, the most recently paused ones. A runtime sandbox is created on the paused
+    sandbox's own disk in a network slot, so its resume restores into it (~95 ms) instead of
+    creating one first (~180 ms). Each costs ~12 MiB and one network slot while it waits; a
+    sandbox that finds no free slot takes one's. 0 disables."""
+
+    resume_ready_s: float = Field(default=600.0, gt=0)
+    """How long a paused sandbox is kept ready to resume (then only its image on disk
+    remains, and a resume creates its runtime sandbox first)."""

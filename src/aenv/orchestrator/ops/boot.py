@@ -119,11 +119,12 @@ async def boot_sandbox(
 async def acquire_slot(node: Node, policy: EgressPolicy | None) -> NetSlot:
     """A network slot for a sandbox that starts now. When every slot is in use, one held by a
     sandbox waiting in the pre-created pool is given back first: a sandbox asked for beats one
-    made ahead (the pool may hold 16 of a shape nobody asks for any more)."""
+    made ahead (the pool may hold 16 of a shape nobody asks for any more), then one held by a
+    paused sandbox kept ready to resume (``resume_ready.py``)."""
     try:
         return await node.pool.acquire(policy)
     except ResourceExhausted:
-        if not await node.precreated.give_back():
+        if not (await node.precreated.give_back() or await node.resume_ready.give_back()):
             raise
     return await node.pool.acquire(policy)
 

@@ -43,16 +43,19 @@ from aenv.orchestrator.instance_codec import (
     frozen,
     instance_json,
     paused_image,
+    ready_to_resume,
+    slot_to_json,
 )
 from aenv.orchestrator.ops import fs_pause
 from aenv.orchestrator.ops.boot import Laps, acquire_slot, release
 from aenv.orchestrator.ops.lifetime import set_timeout
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.precreated import Precreated, shape
+from aenv.orchestrator.resume_ready import READY_KEYS, paused_spec
 from aenv.orchestrator.team_quota import team_starts
 from aenv.orchestrator.unwind import to_the_end
 from aenv.orchestrator.volumes import mounts_of
-from aenv.runtime.base import Instance, MemoryImage, SandboxSpec
+from aenv.runtime.base import Instance, MemoryImage
 from aenv.store.models import SandboxRecord
 
 log = logging.getLogger("aenv.orchestrator.resume")
@@ -181,33 +184,39 @@ async def _restore(
     instance: Instance | None = None
     try:
         image = MemoryImage.at(image_path)
-        if record.volume_mounts:
-            # Its volumes here (a sandbox paused on another node is resumed on this one).
-            await node.volumes.adopt(sid, mounts_of(record.volume_mounts))
-        pre = None if record.volume_mounts else await _adopt_precreated(node, record, bundle)
-        if pre is not None:
-            slot, instance = pre.slot, replace(pre.instance, sandbox_id=sid)
-            lap("precreated")
+        if ready_to_resume(record.instance):
+            # Made ahead on its own files, in its own slot (``resume_ready.py``).
+            node.resume_ready.forget(sid)
+            slot, ready = decode(record.instance, sid)
+            assert slot is not None and ready is not None
+            lap("ready")
+            instance = await node.runtime.restore_precreated(ready, image)
         else:
-            slot = await acquire_slot(node, policy)
-            lap("slot")
-        # The slot is in the record before it is used, so recovery can release it.
-        record = await node.store.update(
-            record, instance={**(record.instance or {}), "slot": instance_json(slot, None)["slot"]}
-        )
-        lap("record")
-        if pre is not None:
-            if policy != EgressPolicy():
-                await node.pool.set_egress(slot, policy)
-            instance = None  # destroyed by a failed restore
-            instance = await node.runtime.restore_precreated(pre.instance, image, sandbox_id=sid)
-        else:
-            rootfs = await node.rootfs.ensure_mounted(sid)
-            lap("rootfs")
-            spec = SandboxSpec(sandbox_id=sid, rootfs=rootfs, envd_bundle=bundle,
-                               cpu_count=record.cpu_count, memory_mb=record.memory_mb,
-                               volumes=node.volumes.binds(sid, mounts_of(record.volume_mounts)))
-            instance = await node.runtime.restore(image, spec, slot)
+            if record.volume_mounts:
+                # Its volumes here (a sandbox paused on another node is resumed on this one).
+                await node.volumes.adopt(sid, mounts_of(record.volume_mounts))
+            pre = None if record.volume_mounts else await _adopt_precreated(node, record, bundle)
+            if pre is not None:
+                slot, instance = pre.slot, replace(pre.instance, sandbox_id=sid)
+                lap("precreated")
+            else:
+                slot = await acquire_slot(node, policy)
+                lap("slot")
+            # The slot is in the record before it is used, so recovery can release it.
+            record = await node.store.update(
+                record, instance={**(record.instance or {}), "slot": slot_to_json(slot)})
+            lap("record")
+            if pre is not None:
+                if policy != EgressPolicy():
+                    await node.pool.set_egress(slot, policy)
+                instance = None  # destroyed by a failed restore
+                instance = await node.runtime.restore_precreated(pre.instance, image,
+                                                                 sandbox_id=sid)
+            else:
+                rootfs = await node.rootfs.ensure_mounted(sid)
+                lap("rootfs")
+                instance = await node.runtime.restore(image, paused_spec(node, record, rootfs),
+                                                      slot)
         lap("restore")
         async with EnvdClient(node.guests.transport(slot), slot) as envd:
             await envd.wait_ready(node.settings.envd_ready_timeout_s, restored=True)
@@ -253,7 +262,8 @@ async def _undo(
             await node.guests.forget(slot)
             await node.pool.release(slot)
         current = await node.store.get(record.sandbox_id)
-        data = {k: v for k, v in ((current or record).instance or {}).items() if k != "slot"}
+        data = {k: v for k, v in ((current or record).instance or {}).items()
+                if k not in READY_KEYS}
         await _to_paused(node, record, instance=data)
     except Exception:
         log.exception("could not roll back the failed resume of %s; recovery will",

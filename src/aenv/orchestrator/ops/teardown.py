@@ -66,6 +66,7 @@ async def teardown(node: Node, record: SandboxRecord, *, lazy: bool = False,
                         getattr(exc, "message", exc))
             first = first or exc
     node.spiller.cancel(sid)
+    node.resume_ready.forget(sid)
     image = node.paused_dir / sid
     for path in (image, image.with_name(image.name + ".partial")):
         await asyncio.to_thread(shutil.rmtree, path, True)
