@@ -64,6 +64,7 @@ FORK_RE = re.compile(
 )
 RESUMED_RE = re.compile(
     r"resumed (?P<id>[a-z0-9]{20}) \((?P<how>thawed|restored)\) in (?P<ms>\d+) ms"
+    r"(?:: (?P<phases>[a-z_]+ \d+(?:, [a-z_]+ \d+)*))?"
 )
 SPILLED_RE = re.compile(
     r"paused (?P<id>[a-z0-9]{20}) to disk in (?P<ms>\d+) ms \((?P<mb>[\d.]+) MB\)"

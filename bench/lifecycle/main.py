@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         "--fork-both-modes",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also run fork x16 on a second node with memory workspaces (whose forks can "
-        "use pre-created sandboxes; disk-workspace forks cannot)",
+        help="also run fork x16 on a second node with memory workspaces (whose forks use "
+        "pre-created sandboxes from the first; disk-workspace forks only while the "
+        "parent's files stay the same)",
     )
     parser.add_argument(
         "--quick",

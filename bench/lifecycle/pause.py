@@ -33,6 +33,7 @@ from bench.lifecycle.node import (
 )
 from bench.node_bench.common import MIB, ms_since
 from bench.node_bench.memory import sandbox_pids
+from bench.node_bench.node import PHASE_RE
 
 # -- 2: pause / resume ------------------------------------------------------------------------
 
@@ -132,6 +133,8 @@ def measure_pause(
                 ("resume_disk", resume_disk_ms),
                 ("resume_disk_first_command", disk_first),
                 ("resume_disk_server", float(line["ms"])),
+                *((f"resume_disk_phase_{name}", float(ms))
+                  for name, ms in PHASE_RE.findall(line["phases"] or "")),
                 ("bare_pause", b_pause),
                 ("bare_resume", b_resume),
                 ("bare_checkpoint_exit", b_ckpt),

@@ -50,12 +50,17 @@ def explain(report: Report) -> None:
             "request, the record lookup and the response."
         )
     if miss("pause", "resume from disk"):
+        phases = ", ".join(
+            f"{key.removeprefix('resume_disk_phase_')} {_p50(report, key)}"
+            for key in report.samples if key.startswith("resume_disk_phase_"))
         report.where.append(
             f"resume from disk: connect {_p50(report, 'resume_disk')} ms p50; the node logs "
-            f"{_p50(report, 'resume_disk_server')} ms (slot, rootfs mount, `runsc restore` "
-            f"through the netns wrapper, envd ready); a bare `restore -detach` of the same "
-            f"kind of image takes {_p50(report, 'bare_restore_resume')} ms: restore is "
-            "CPU-bound (seccomp filter build + decoding the kernel state) on 2 cores."
+            f"{_p50(report, 'resume_disk_server')} ms (p50 per phase, ms: {phases}; `ready`: "
+            "restored into the runtime sandbox made ahead on its disk); a bare `restore "
+            f"-detach` of the same kind of image takes {_p50(report, 'bare_restore_resume')} ms "
+            f"fresh, {_p50(report, 'bare_restore_resume_precreated')} ms into a sandbox "
+            "created ahead: restore is CPU-bound (seccomp filter build + decoding the kernel "
+            "state) on 2 cores."
         )
     for row in missed:
         if row.part != "snapshot":
