@@ -50,8 +50,11 @@ def _check_child(child: Sandbox, parent_id: str, nonce: str) -> None:
     assert child.commands.run("cat /home/user/own").stdout == child.sandbox_id
 
 
-def test_fork_draws_from_the_pool_then_restores_the_rest_afresh() -> None:
-    with serving(workspace="memory", warm_pool_size="0", precreate_pool_size="3") as node:
+def test_fork_draws_from_the_pool_then_restores_the_rest_afresh_and_the_pool_grows() -> None:
+    """A pool that keeps 3 serves 3 of a fork of 5 and restores 2 afresh; that demand grows
+    it to 5 (``pool_demand.py``), so the next fork of 5 finds all of its children made."""
+    with serving(workspace="memory", warm_pool_size="0", precreate_pool_size="3",
+                 precreate_pool_max="6") as node:
         _wait_precreated(node, 3)
         parent = Sandbox.create(timeout=300)  # takes one: the pool holds the base's shape
         assert _how_created(node, [parent.sandbox_id]) == {parent.sandbox_id: "pre-created"}
@@ -71,9 +74,11 @@ def test_fork_draws_from_the_pool_then_restores_the_rest_afresh() -> None:
         assert children[0].files.read("/home/user/own") == children[0].sandbox_id
         assert not parent.files.exists("/home/user/own")
 
-        # The pool refills for the fork's shape once nothing runs; a second fork uses it.
-        _wait_precreated(node, 7)
-        again = parent.fork(count=2, timeout=120)
+        # The pool refills for the fork's shape once nothing runs, now 5 of them; a second
+        # fork of 5 uses them all.
+        assert "pre-created pool: keeping 5" in node.log()
+        _wait_precreated(node, 9)
+        again = parent.fork(count=5, timeout=120)
         how = _how_created(node, [c.sandbox_id for c in again])
         assert set(how.values()) == {"pre-created"}, how
         for child in again:

@@ -1,4 +1,5 @@
-"""The pre-created pool destroys what it took out of its queue even when it is cancelled."""
+"""The pre-created pool: what it takes out of its queue is destroyed even when it is cancelled;
+it keeps a fork's family; it grows to demand and shrinks back."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from aenv.orchestrator import precreated
 from aenv.orchestrator.deps import Template
+from aenv.orchestrator.pool_demand import Demand
 from aenv.orchestrator.precreated import Precreated, PrecreatedPool, shape
 
 
@@ -88,3 +90,49 @@ def test_a_fork_family_is_kept_though_the_forks_image_is_gone(
 
     asyncio.run(scenario())
     assert made == (["custom"] if as_family else ["base"])
+
+
+def test_the_pool_grows_to_a_demand_and_shrinks_back_after_its_window(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork of 6 from a pool that keeps 2 finds 2; the pool then makes 6 for the next
+    one, and once that demand has left the window destroys the 4 it no longer needs."""
+    made: list[str] = []
+    released: list[str] = []
+
+    async def make(node: Any, sandbox_id: str, template: Template) -> Any:
+        made.append(sandbox_id)
+        return None, SimpleNamespace(sandbox_id=sandbox_id)
+
+    async def release(node: Any, sandbox_id: str, slot: Any, instance: Any) -> None:
+        released.append(sandbox_id)
+
+    monkeypatch.setattr(precreated, "precreate_sandbox", make)
+    monkeypatch.setattr(precreated, "release", release)
+
+    async def until(what: str, check: Any) -> None:
+        for _ in range(200):
+            if check():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(what)
+
+    async def scenario() -> None:
+        demand = Demand(floor=2, ceiling=8, window_s=0.5)
+        pool = PrecreatedPool(size=2, demand=demand)
+        pool._node = _node(tmp_path)
+        base = Template("base", None, (tmp_path / "base-layer",))
+        pool._default = pool._template = base
+        fill = asyncio.create_task(pool._fill())
+        await until("the floor", lambda: pool.ready == 2)
+        taken = [pool.take(base) for _ in range(6)]  # a fork of 6
+        assert sum(t is not None for t in taken) == 2
+        await until("grown to the demand", lambda: pool.ready == 6)
+        assert len(made) == 8 and not released
+        await until("shrunk after the window", lambda: pool.ready == 2)
+        assert released == made[-4:][::-1]  # the newest go first
+        fill.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fill
+        await pool.close()
+
+    asyncio.run(scenario())

@@ -55,6 +55,7 @@ from aenv.orchestrator.node_identity import node_id
 from aenv.orchestrator.ops.interpreter_template import run_provision_loop
 from aenv.orchestrator.owners import Owners
 from aenv.orchestrator.paused_repo import publish_pending
+from aenv.orchestrator.pool_demand import Demand
 from aenv.orchestrator.precreated import PrecreatedPool
 from aenv.orchestrator.recover import recover
 from aenv.orchestrator.restore_match import host_requirements
@@ -168,7 +169,9 @@ async def _assemble(settings: Settings, stack: contextlib.AsyncExitStack) -> _As
         builder=Builder(template_store, files_dir=build_dir / "files",
                         scratch_dir=build_dir / "scratch"),
         warm=WarmPool(settings.warm_pool_size, settings.warm_pool_low),
-        precreated=PrecreatedPool(settings.precreate_pool_size),
+        precreated=PrecreatedPool(settings.precreate_pool_size, Demand(
+            floor=settings.precreate_pool_size, ceiling=settings.precreate_pool_max,
+            window_s=settings.precreate_demand_window_s)),
         resume_ready=ResumeReady(settings.resume_ready_size, settings.resume_ready_s),
         spiller=Spiller(settings),
         host_requirements=catalog.host, workspaces=workspaces,

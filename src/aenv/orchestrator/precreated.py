@@ -23,6 +23,9 @@ clone of its parent's taken at the fork: the pool makes them on the seed a fork 
 parent's next one (``fork_seeds``), which that fork uses only if the parent's files did not
 change in between.
 
+How many it keeps follows demand (``pool_demand.py``): at least ``precreate_pool_size``, and
+up to ``precreate_pool_max`` while a fork or a burst of creates of the last
+``precreate_demand_window_s`` asked for more at once; past that the extra ones are destroyed.
 The pool refills one sandbox at a time and only while no create or fork runs on the node
 (``busy``): a refill competing with a fork's restores for the same cores would slow the fork.
 Pre-created sandboxes have no store record: a crash leaves them as orphans, which recovery
@@ -46,6 +49,7 @@ from aenv.core.net import NetSlot
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.ops.boot import precreate_sandbox, release
+from aenv.orchestrator.pool_demand import Demand
 from aenv.orchestrator.unwind import to_the_end
 from aenv.runtime.base import Instance
 
@@ -95,9 +99,12 @@ class Precreated:
 class PrecreatedPool:
     """Empty until :meth:`start` hands it the node and the shape to keep."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, demand: Demand | None = None) -> None:
         self._node: Node | None = None
+        #: The least it keeps (0: none, and it never grows).
         self.size = size
+        #: How many it keeps now: ``size``, or more while recent demand asks for more.
+        self.demand = demand or Demand(floor=size, ceiling=size, window_s=0.0)
         #: The template whose shape is kept (a fork child's: the parent's layers and image).
         self._template: Template | None = None
         #: The shape kept before any ``want`` (the default template's), and after the
@@ -144,16 +151,24 @@ class PrecreatedPool:
         self.want(replace(template, image=None))
 
     def take(self, template: Template) -> Precreated | None:
-        """A pre-created sandbox of ``template``'s shape, or None (then restore afresh)."""
-        return self.take_shape(shape_of(self.node, template)) if self._ready else None
+        """A pre-created sandbox of ``template``'s shape, or None (then restore afresh).
+        Either way the request counts as demand."""
+        if not self._ready:
+            self._asked()
+            return None
+        return self.take_shape(shape_of(self.node, template))
 
     def take_shape(self, shape: Shape) -> Precreated | None:
-        """A pre-created sandbox of ``shape``, or None."""
+        """A pre-created sandbox of ``shape``, or None; the request counts as demand."""
+        self._asked()
         if not self._ready or self._ready[0].shape != shape:
             return None
-        taken = self._ready.popleft()
-        self._wake.set()
-        return taken
+        return self._ready.popleft()
+
+    def _asked(self) -> None:
+        if self.size > 0:
+            self.demand.record()
+            self._wake.set()
 
     async def give_back(self) -> bool:
         """Destroy the newest waiting sandbox, so that its network slot serves a sandbox that
@@ -187,6 +202,7 @@ class PrecreatedPool:
 
     async def _fill(self) -> None:
         delay = RETRY_S
+        kept = self.size
         while True:
             template = self._template
             if template is not None and template is not self._default and _gone(template):
@@ -199,7 +215,14 @@ class PrecreatedPool:
                 # at the head once the older ones are gone.
                 while self._ready and self._ready[0].shape != wanted:
                     await self._discard(self._ready.popleft())
-                if self._busy == 0 and len(self._ready) < self.size:
+                target = self.demand.target()
+                if target != kept:
+                    log.info("pre-created pool: keeping %d (the largest demand of the last "
+                             "%.0f s, at least %d)", target, self.demand.window_s, self.size)
+                    kept = target
+                while len(self._ready) > target:
+                    await self._discard(self._ready.pop())  # the newest: made last, for it
+                if self._busy == 0 and len(self._ready) < target:
                     try:
                         self._ready.append(await self._make(template, wanted))
                         delay = RETRY_S
@@ -209,7 +232,9 @@ class PrecreatedPool:
                         delay = min(delay * 2, RETRY_MAX_S)
                     continue
             self._wake.clear()
-            await self._wake.wait()
+            with contextlib.suppress(TimeoutError):
+                # Awake when a demand leaves the window: the pool may shrink then.
+                await asyncio.wait_for(self._wake.wait(), timeout=self.demand.changes_in())
 
     async def _make(self, template: Template, shape: Shape) -> Precreated:
         sandbox_id = new_sandbox_id()

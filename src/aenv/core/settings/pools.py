@@ -33,6 +33,16 @@ class PoolSettings(Section):
     children's disk does not exist before it); its next ones do while its files stay the
     same. 0 disables."""
 
+    precreate_pool_max: int = Field(default=64, ge=0, le=256)
+    """How far the pre-created pool grows while recent demand asks for more at once than
+    ``precreate_pool_size``: a fork of N children, or creates (an RL group's, a fan-out) that
+    came within a second of each other. Each sandbox costs ~12 MiB and a network slot while
+    it waits. Below ``precreate_pool_size``: no growth."""
+
+    precreate_demand_window_s: float = Field(default=600.0, gt=0)
+    """How long a demand keeps the pre-created pool above ``precreate_pool_size``; after it,
+    the extra sandboxes are destroyed."""
+
     resume_ready_size: int = Field(default=8, ge=0, le=256)
     """With disk workspaces: how many sandboxes paused to disk the node keeps ready to
     resume, the most recently paused ones. A runtime sandbox is created on the paused
