@@ -32,7 +32,7 @@ import logging
 import time
 from pathlib import Path
 
-from aenv.core.errors import AenvError, FailedPrecondition
+from aenv.core.errors import AenvError, Conflict, FailedPrecondition, NotFound
 from aenv.core.net import NetSlot
 from aenv.core.states import SandboxState
 from aenv.orchestrator.context import Node
@@ -54,6 +54,8 @@ log = logging.getLogger("aenv.orchestrator.resume_ready")
 
 #: The record's keys that make a paused sandbox ready (dropped when it is given up).
 READY_KEYS = ("slot", "runtime_id", "pid")
+#: A ready sandbox due to be given up while another operation holds it: tried again then.
+BUSY_RETRY_S = 5.0
 
 
 def paused_spec(node: Node, record: SandboxRecord, rootfs: Path) -> SandboxSpec:
@@ -108,14 +110,21 @@ class ResumeReady:
         node = self.node
         if self.size <= 0 or node.workspaces is None or node.drain.on:
             return False
-        while len(self._made) >= self.size:
-            await self.give_up(next(iter(self._made)))
+        for oldest in list(self._made):
+            if len(self._made) < self.size:
+                break
+            await self.give_up(oldest)
+        if len(self._made) >= self.size:
+            return False  # the older ones are busy (being resumed or killed)
         try:
             made = await node.owners.run(sandbox_id, "ready", lambda: self._make(sandbox_id),
                                          wait=0)
-        except AenvError as exc:
-            log.info("paused sandbox %s is not kept ready to resume: %s", sandbox_id,
-                     exc.message)
+        except (Conflict, NotFound):
+            return False  # a resume or kill came first: it needs none
+        except Exception as exc:
+            log.warning("paused sandbox %s is not kept ready to resume: %s", sandbox_id,
+                        getattr(exc, "message", None) or repr(exc),
+                        exc_info=not isinstance(exc, AenvError))
             return False
         if made:
             self._made[sandbox_id] = time.monotonic()
@@ -139,14 +148,20 @@ class ResumeReady:
 
     async def give_up(self, sandbox_id: str) -> bool:
         """Destroy ``sandbox_id``'s ready runtime sandbox and release its slot; it stays
-        paused on disk. False when it had none, or another operation holds it (a resume
-        takes the ready one, a kill destroys it)."""
-        self._made.pop(sandbox_id, None)
+        paused on disk. False when it had none, or another operation holds it (then it stays
+        counted: a resume takes the ready one and a kill destroys it, each forgetting it)."""
         try:
-            return await self.node.owners.run(sandbox_id, "unready",
-                                              lambda: self._unmake(sandbox_id), wait=0)
-        except AenvError:
+            given = await self.node.owners.run(sandbox_id, "unready",
+                                               lambda: self._unmake(sandbox_id), wait=0)
+        except Conflict:
             return False
+        except Exception as exc:
+            log.warning("could not give up the ready-to-resume sandbox of %s: %s", sandbox_id,
+                        getattr(exc, "message", None) or repr(exc),
+                        exc_info=not isinstance(exc, AenvError))
+            given = False
+        self._made.pop(sandbox_id, None)
+        return given
 
     async def close(self) -> None:
         """At shutdown, before the owners close: nothing of a paused sandbox keeps running."""
@@ -205,8 +220,10 @@ class ResumeReady:
         while True:
             now = time.monotonic()
             for sandbox_id, made in list(self._made.items()):
-                if made + self.keep_s <= now:
-                    await self.give_up(sandbox_id)
+                if made + self.keep_s <= now and not await self.give_up(sandbox_id) \
+                        and sandbox_id in self._made:
+                    # Busy: look again a little later.
+                    self._made[sandbox_id] = now - self.keep_s + BUSY_RETRY_S
             self._wake.clear()
             first = min(self._made.values(), default=None)
             timeout = None if first is None else max(0.0, first + self.keep_s - now)
