@@ -41,6 +41,7 @@ bench: deps bundle
 	$(BIN)/python -m bench.auth_bench
 	$(BIN)/python -m bench.observe_bench
 	$(BIN)/python -m bench.waves_bench
+	$(BIN)/python -m bench.demand_bench
 	$(BIN)/python -m bench.ksm_bench --svg docs/img/density.svg
 	$(BIN)/python -m bench.egress_bench
 	$(BIN)/python -m bench.burst_bench

@@ -60,17 +60,17 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _wave(node: LifecycleNode, parent: Any) -> dict[str, Any]:
-    """One fork x16 until every child answered; its children killed after (untimed)."""
+def fork_wave(node: LifecycleNode, parent: Any, count: int = FORK_COUNT) -> dict[str, Any]:
+    """One fork x``count`` until every child answered; its children killed after (untimed)."""
     start = time.perf_counter()
-    children = parent.fork(count=FORK_COUNT, timeout=600, request_timeout=300)
+    children = parent.fork(count=count, timeout=600, request_timeout=300)
     call_ms = ms_since(start)
     kids = [c for c in children if not isinstance(c, Exception)]
     try:
-        if len(kids) != FORK_COUNT:
-            raise RuntimeError(f"{FORK_COUNT - len(kids)} fork children failed: "
+        if len(kids) != count:
+            raise RuntimeError(f"{count - len(kids)} fork children failed: "
                                f"{next(c for c in children if isinstance(c, Exception))!r}")
-        with ThreadPoolExecutor(FORK_COUNT) as pool:
+        with ThreadPoolExecutor(count) as pool:
             list(pool.map(run_true, kids))
         all_ms = ms_since(start)
         created = node.created()
@@ -101,17 +101,18 @@ def _snapshot_wave(node: LifecycleNode, snapshot_id: str) -> dict[str, Any]:
             "children": [k.sandbox_id for k in kids]}
 
 
-def _waves(node: LifecycleNode, parent: Any, waves: int, gap_s: float, name: str,
-           snapshot_id: str | None = None) -> list[dict[str, Any]]:
+def fork_waves(node: LifecycleNode, parent: Any, waves: int, gap_s: float, name: str,
+               snapshot_id: str | None = None, count: int = FORK_COUNT
+               ) -> list[dict[str, Any]]:
     out = []
     for i in range(waves):
         if i and gap_s:
             time.sleep(gap_s)
-        wave = (_wave(node, parent) if snapshot_id is None
+        wave = (fork_wave(node, parent, count) if snapshot_id is None
                 else _snapshot_wave(node, snapshot_id))
         out.append(wave)
         log(f"  {name} wave {i + 1}/{waves}: all answered {wave['all_ms']:.0f} ms "
-            f"(call {wave['call_ms']:.0f}; {wave['precreated']:.0f} of {FORK_COUNT} "
+            f"(call {wave['call_ms']:.0f}; {wave['precreated']:.0f} of {count} "
             "pre-created)")
     return out
 
@@ -161,7 +162,7 @@ def _bare_burst(bare: BareEnvd, template: Path, count: int) -> float:
     return all_ms
 
 
-def _summary(waves: list[dict[str, Any]]) -> dict[str, float]:
+def wave_summary(waves: list[dict[str, Any]]) -> dict[str, float]:
     times = [w["all_ms"] for w in waves]
     return {"p50_ms": _pct(times, 0.5), "p95_ms": _pct(times, 0.95), "max_ms": max(times),
             "mean_precreated": statistics.fmean(w["precreated"] for w in waves)}
@@ -200,16 +201,16 @@ def main() -> None:
         run_true(parent)
         bare_parent, _ = bare.restore(template)
         bare.exec(bare_parent, "/bin/true")
-        _wave(node, parent)  # warm-up: the pre-created pool takes the fork's shape
+        fork_wave(node, parent)  # warm-up: the pre-created pool takes the fork's shape
         time.sleep(args.gap)
-        paced = _waves(node, parent, args.waves, args.gap, "paced")
+        paced = fork_waves(node, parent, args.waves, args.gap, "paced")
         time.sleep(args.gap)
-        back = _waves(node, parent, args.waves, 0.0, "back-to-back")
+        back = fork_waves(node, parent, args.waves, 0.0, "back-to-back")
         time.sleep(args.gap)
         snapshot = parent.create_snapshot()
         _snapshot_wave(node, snapshot.snapshot_id)  # warm-up: the pool takes its shape
         time.sleep(args.gap)
-        from_snapshot = _waves(node, parent, args.waves, args.gap, "from a snapshot",
+        from_snapshot = fork_waves(node, parent, args.waves, args.gap, "from a snapshot",
                                snapshot_id=snapshot.snapshot_id)
         bare_runs = [bare_fork(bare, bare_parent, FORK_COUNT, precreated=True)
                      for _ in range(args.bare_waves)]
@@ -230,17 +231,17 @@ def main() -> None:
             "child_phases": fork_phases(node, [w.pop("children") for w in paced + back]),
             "snapshot_child_phases": fork_phases(
                 node, [w.pop("children") for w in from_snapshot]),
-            "paced": {"gap_s": args.gap, "waves": paced, **_summary(paced)},
-            "back_to_back": {"waves": back, **_summary(back),
-                             "ratio_to_bare_p50": round(_summary(back)["p50_ms"] / bare_p50,
+            "paced": {"gap_s": args.gap, "waves": paced, **wave_summary(paced)},
+            "back_to_back": {"waves": back, **wave_summary(back),
+                             "ratio_to_bare_p50": round(wave_summary(back)["p50_ms"] / bare_p50,
                                                         3)},
             "bare_fork16": {"p50_ms": bare_p50, "all_ms": bare_all,
                             "checkpoint_p50_ms": statistics.median(bare_ckpt),
                             "restores_p50_ms": statistics.median(bare_restores)},
             "from_snapshot": {"gap_s": args.gap, "waves": from_snapshot,
-                              **_summary(from_snapshot),
+                              **wave_summary(from_snapshot),
                               "ratio_to_bare_restores_p50": round(
-                                  _summary(from_snapshot)["p50_ms"]
+                                  wave_summary(from_snapshot)["p50_ms"]
                                   / statistics.median(bare_restores), 3)},
             "burst": {"count": args.burst, **burst, "bare_all_ms": bare_burst,
                       "ratio_to_bare": round(burst["all_ms"] / bare_burst, 3)},

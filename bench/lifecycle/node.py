@@ -148,10 +148,11 @@ class LifecycleNode(Node):
         return [Path(p) for p in json.loads(record.read_text())["lowers"]]
 
 
-def start_node(workspace: str = "disk", name: str = "lifecycle") -> LifecycleNode:
+def start_node(workspace: str = "disk", name: str = "lifecycle", **settings: str
+               ) -> LifecycleNode:
     """A node with the product's defaults (the harness turns the pre-created pool and the
     ready-to-resume sandboxes off unless told): ``workspace`` mode, the default pre-created
-    and warm pools, paused sandboxes kept ready to resume."""
+    and warm pools, paused sandboxes kept ready to resume; ``settings`` over them."""
     started = time.perf_counter()
     server = start_server(
         free_port(),
@@ -160,6 +161,7 @@ def start_node(workspace: str = "disk", name: str = "lifecycle") -> LifecycleNod
         workspace=workspace,
         precreate_pool_size=str(PRECREATE_POOL),
         resume_ready_size=str(RESUME_READY),
+        **settings,
     )
     first = int(server.env["AENV_NET_FIRST_INDEX"])
     last = int(server.env["AENV_NET_LAST_INDEX"])

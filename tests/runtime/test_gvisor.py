@@ -276,9 +276,11 @@ async def test_a_sandbox_survives_the_death_of_the_process_that_booted_it(
 
 
 async def test_boot_to_envd_health_time(sandboxes: SandboxFactory) -> None:
-    """Measured: boot() → envd /health answering, p50 of 10 (also the idle footprint)."""
+    """boot() → envd /health answering, three times in a row, p50 printed (also the idle
+    footprint). Timings belong to the benchmarks (``bench.node_bench``): three boots, not
+    ten, keep this check inside the suite's 30 minutes."""
     boots, readies = [], []
-    for _ in range(10):
+    for _ in range(3):
         spec = sandboxes.spec()
         slot = await sandboxes.pool.acquire()
         started = time.perf_counter()
