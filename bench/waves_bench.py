@@ -81,16 +81,18 @@ def fork_wave(node: LifecycleNode, parent: Any, count: int = FORK_COUNT) -> dict
             "children": [k.sandbox_id for k in kids]}
 
 
-def _snapshot_wave(node: LifecycleNode, snapshot_id: str) -> dict[str, Any]:
-    """16 creates from ``snapshot_id`` at once, until each answered; killed after (untimed)."""
+def snapshot_wave(node: LifecycleNode, snapshot_id: str, count: int = FORK_COUNT
+                  ) -> dict[str, Any]:
+    """``count`` creates from ``snapshot_id`` at once, until each answered; killed after
+    (untimed)."""
     def one(_: int) -> Any:
         sandbox = node.create(template=snapshot_id)
         run_true(sandbox)
         return sandbox
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(FORK_COUNT) as pool:
-        kids = list(pool.map(one, range(FORK_COUNT)))
+    with ThreadPoolExecutor(count) as pool:
+        kids = list(pool.map(one, range(count)))
     all_ms = ms_since(start)
     try:
         created = node.created()
@@ -109,7 +111,7 @@ def fork_waves(node: LifecycleNode, parent: Any, waves: int, gap_s: float, name:
         if i and gap_s:
             time.sleep(gap_s)
         wave = (fork_wave(node, parent, count) if snapshot_id is None
-                else _snapshot_wave(node, snapshot_id))
+                else snapshot_wave(node, snapshot_id, count))
         out.append(wave)
         log(f"  {name} wave {i + 1}/{waves}: all answered {wave['all_ms']:.0f} ms "
             f"(call {wave['call_ms']:.0f}; {wave['precreated']:.0f} of {count} "
@@ -208,7 +210,7 @@ def main() -> None:
         back = fork_waves(node, parent, args.waves, 0.0, "back-to-back")
         time.sleep(args.gap)
         snapshot = parent.create_snapshot()
-        _snapshot_wave(node, snapshot.snapshot_id)  # warm-up: the pool takes its shape
+        snapshot_wave(node, snapshot.snapshot_id)  # warm-up: the pool takes its shape
         time.sleep(args.gap)
         from_snapshot = fork_waves(node, parent, args.waves, args.gap, "from a snapshot",
                                snapshot_id=snapshot.snapshot_id)

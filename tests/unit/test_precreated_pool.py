@@ -124,7 +124,8 @@ def test_the_pool_grows_to_a_demand_and_shrinks_back_after_its_window(
         pool._default = pool._template = base
         fill = asyncio.create_task(pool._fill())
         await until("the floor", lambda: pool.ready == 2)
-        taken = [pool.take(base) for _ in range(6)]  # a fork of 6
+        pool.expect(6)  # a fork of 6
+        taken = [pool.take(base) for _ in range(6)]
         assert sum(t is not None for t in taken) == 2
         await until("grown to the demand", lambda: pool.ready == 6)
         assert len(made) == 8 and not released

@@ -3,10 +3,11 @@
 A fixed pool either holds memory and slots for the largest fork it will ever see, or leaves
 most of a large fork cold. So the pool keeps ``floor`` sandboxes (``precreate_pool_size``)
 and grows to the largest *demand* of the last ``window_s`` (``precreate_demand_window_s``),
-up to ``ceiling`` (``precreate_pool_max``). A demand is what looked for a pre-created
-sandbox within ``BURST_S`` of each other: a fork of 64 children is one of 64, an RL group's
-creates from one snapshot or a fan-out of creates count together. Past the window a demand
-is forgotten, and the pool shrinks back to what the remaining ones ask for.
+up to ``ceiling`` (``precreate_pool_max``). A demand is the sandboxes asked for within
+``BURST_S`` of each other that may restore into a pre-created one, counted as they arrive
+(admission then spreads their starts out): a fork of 20 children is one of 20, a fan-out of
+creates from one snapshot counts together. Past the window a demand is forgotten, and the
+pool shrinks back to what the remaining ones ask for.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-#: Requests at most this far apart count as one demand (a fork's children take their
-#: sandboxes within milliseconds of each other; an RL group's creates within a second).
+#: Requests at most this far apart count as one demand (a fork's children arrive at once;
+#: a client's fan-out of creates within a second).
 BURST_S = 1.0
 
 

@@ -150,25 +150,25 @@ class PrecreatedPool:
         snapshot's and go back to the default shape)."""
         self.want(replace(template, image=None))
 
+    def expect(self, count: int = 1) -> None:
+        """``count`` sandboxes that may restore into pre-created ones were asked for now (a
+        create as it arrives, before admission spreads the starts out; a fork's children;
+        a resume): the demand the pool is sized by."""
+        if self.size > 0:
+            self.demand.record(count)
+            self._wake.set()
+
     def take(self, template: Template) -> Precreated | None:
-        """A pre-created sandbox of ``template``'s shape, or None (then restore afresh).
-        Either way the request counts as demand."""
-        if not self._ready:
-            self._asked()
-            return None
-        return self.take_shape(shape_of(self.node, template))
+        """A pre-created sandbox of ``template``'s shape, or None (then restore afresh)."""
+        return self.take_shape(shape_of(self.node, template)) if self._ready else None
 
     def take_shape(self, shape: Shape) -> Precreated | None:
-        """A pre-created sandbox of ``shape``, or None; the request counts as demand."""
-        self._asked()
+        """A pre-created sandbox of ``shape``, or None."""
         if not self._ready or self._ready[0].shape != shape:
             return None
-        return self._ready.popleft()
-
-    def _asked(self) -> None:
-        if self.size > 0:
-            self.demand.record()
-            self._wake.set()
+        taken = self._ready.popleft()
+        self._wake.set()
+        return taken
 
     async def give_back(self) -> bool:
         """Destroy the newest waiting sandbox, so that its network slot serves a sandbox that

@@ -87,6 +87,8 @@ async def create(node: Node, params: CreateParams) -> SandboxRecord:
 
 async def _create_admitted(node: Node, params: CreateParams) -> SandboxRecord:
     template = await node.templates.resolve(params.template)
+    if template.image is not None:
+        node.precreated.expect()
     # A bounded number start at once, the limit checked for each under the admission's lock.
     admitted = node.admission.start(lambda starting: check_capacity(node, starting=starting))
     memory = template.memory_mb or node.settings.default_memory_mb

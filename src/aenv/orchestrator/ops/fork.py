@@ -88,6 +88,7 @@ async def _fork_owned(node: Node, sandbox_id: str, count: int, timeout: int
         except ResourceExhausted as exc:
             return [ForkResult(error=exc) for _ in range(count)]
         record = await node.store.update(record, state=SandboxState.FORKING)
+        node.precreated.expect(fits)
         with node.precreated.busy():
             return await _fork(node, record, count, fits, timeout)
 

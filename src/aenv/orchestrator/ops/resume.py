@@ -237,6 +237,7 @@ async def _adopt_precreated(node: Node, record: SandboxRecord, bundle: Path
     lowers = node.rootfs.recorded_lowers(record.sandbox_id)
     if lowers is None:
         return None
+    node.precreated.expect()
     pre = node.precreated.take_shape(
         shape(lowers, bundle, record.cpu_count, record.memory_mb, disk_image=None))
     if pre is None:
