@@ -244,6 +244,18 @@ def leaked_sandboxes(home: Path) -> list[int]:
     return found
 
 
+def runsc_of(home: Path, sandbox_id: str) -> list[int]:
+    """PIDs of ``home``'s runsc processes of one sandbox (its id is in their command line)."""
+    found = []
+    for pid in leaked_sandboxes(home):
+        try:
+            if sandbox_id.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def kill_leaked(home: Path) -> list[int]:
     pids = leaked_sandboxes(home)
     for pid in pids:

@@ -15,7 +15,7 @@ import pytest
 from e2b import AsyncSandbox, NotFoundException, Sandbox, SandboxState
 
 from tests.server.conftest import serving
-from tests.server.harness import NodeServer, leaked_sandboxes
+from tests.server.harness import NodeServer, runsc_of
 from tests.server.test_lifecycle import (
     assert_counting,
     assert_http_answers,
@@ -40,36 +40,23 @@ def image_of(server: NodeServer, sandbox_id: str) -> Path:
     return server.home / "paused" / sandbox_id
 
 
-def runsc_of(server: NodeServer, sandbox_id: str) -> list[int]:
-    """runsc processes of this sandbox (its container id is the sandbox id)."""
-    found = []
-    for pid in leaked_sandboxes(server.home):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if sandbox_id.encode() in cmdline:
-            found.append(pid)
-    return found
-
-
 def wait_on_disk(server: NodeServer, sandbox_id: str) -> None:
     """Until the sandbox's memory image is written and its runtime is gone (no runsc process
     of it is left, ``runsc delete`` included)."""
     wait_for("the memory image", lambda: image_of(server, sandbox_id).is_dir(), timeout=60)
-    wait_for("the runtime to be freed", lambda: not runsc_of(server, sandbox_id), timeout=30)
+    wait_for("the runtime to be freed", lambda: not runsc_of(server.home, sandbox_id), timeout=30)
     assert Sandbox.get_info(sandbox_id).state == SandboxState.PAUSED
 
 
 def test_pause_to_disk_then_connect_restores(disk_server: NodeServer) -> None:
     sbx = Sandbox.create(timeout=120)
     try:
-        assert runsc_of(disk_server, sbx.sandbox_id)
+        assert runsc_of(disk_server.home, sbx.sandbox_id)
         pause_resume_roundtrip(sbx, before_resume=lambda: wait_on_disk(disk_server,
                                                                        sbx.sandbox_id))
         # Consumed by the restore.
         assert not image_of(disk_server, sbx.sandbox_id).exists()
-        assert runsc_of(disk_server, sbx.sandbox_id)
+        assert runsc_of(disk_server.home, sbx.sandbox_id)
         # A second round trip on the restored sandbox.
         nonce, seen = read_counter(sbx)
         assert sbx.pause() is True
@@ -183,7 +170,7 @@ async def test_async_pause_to_disk_and_connect(disk_server: NodeServer) -> None:
         deadline = time.monotonic() + 60
         # The image is written and the old runtime gone.
         while (not image_of(disk_server, sbx.sandbox_id).is_dir()
-               or runsc_of(disk_server, sbx.sandbox_id)):
+               or runsc_of(disk_server.home, sbx.sandbox_id)):
             assert time.monotonic() < deadline, "the memory image was never written"
             await anyio.sleep(0.1)
         again = await AsyncSandbox.connect(sbx.sandbox_id)

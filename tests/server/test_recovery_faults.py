@@ -35,7 +35,7 @@ from tests.server.harness import (
     client_env,
     kill_all_sandboxes,
     kill_leaked,
-    leaked_sandboxes,
+    runsc_of,
     start_server,
 )
 
@@ -170,17 +170,6 @@ def _mounted(path: Path) -> bool:
     )
 
 
-def _runsc_of(home: Path, sandbox_id: str) -> list[int]:
-    pids = []
-    for pid in leaked_sandboxes(home):
-        try:
-            if sandbox_id.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                pids.append(pid)
-        except OSError:
-            pass
-    return pids
-
-
 def test_restart_survives_sabotaged_sandboxes(sdk_env: None) -> None:
     server = start_server(free_port(), pause_hot_s="0", warm_pool_size="0")
     home = server.home
@@ -252,7 +241,7 @@ def test_restart_survives_sabotaged_sandboxes(sdk_env: None) -> None:
             assert f"sandbox {sid} is gone" in log, name
             assert not (home / "sandboxes" / sid).exists(), name
             assert not (home / "paused" / sid).exists(), name
-            assert not _runsc_of(home, sid), name
+            assert not runsc_of(home, sid), name
         for name in ("veth", "json"):
             with pytest.raises(NotFoundException):
                 Sandbox.connect(sbx[name].sandbox_id)
@@ -277,7 +266,7 @@ def test_restart_survives_sabotaged_sandboxes(sdk_env: None) -> None:
         else:
             with pytest.raises(NotFoundException):
                 Sandbox.connect(sid)
-            assert not _runsc_of(home, sid)
+            assert not runsc_of(home, sid)
 
         # The node works for new sandboxes too.
         fresh = Sandbox.create(timeout=300)

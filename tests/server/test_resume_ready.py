@@ -17,7 +17,13 @@ import pytest
 from e2b import Sandbox, SandboxState
 
 from tests.counter import COUNT
-from tests.server.harness import NodeServer, leaked_sandboxes, serving, start_server
+from tests.server.harness import (
+    NodeServer,
+    leaked_sandboxes,
+    runsc_of,
+    serving,
+    start_server,
+)
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -27,14 +33,7 @@ _RESUMED = re.compile(r"resumed (\w+) \(restored\) in \d+ ms: repository \d+, (\
 
 
 def _runsc_of(node: NodeServer, sandbox_id: str) -> list[int]:
-    found = []
-    for pid in leaked_sandboxes(node.home):
-        try:
-            if sandbox_id.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
+    return runsc_of(node.home, sandbox_id)
 
 
 def _wait_log(node: NodeServer, text: str, times: int = 1, timeout: float = 60.0) -> None:

@@ -45,6 +45,7 @@ from aenv.orchestrator.instance_codec import (
     ready_to_resume,
     slot_to_json,
 )
+from aenv.orchestrator.ops import fs_pause
 from aenv.orchestrator.unwind import to_the_end
 from aenv.orchestrator.volumes import mounts_of
 from aenv.runtime.base import Instance, SandboxSpec
@@ -72,7 +73,7 @@ def _can_be_made_ready(record: SandboxRecord | None) -> bool:
     return (record is not None and record.state == SandboxState.PAUSED
             and paused_image(record.instance) is not None
             and not frozen(record.instance) and not ready_to_resume(record.instance)
-            and not (record.instance or {}).get("filesystem")
+            and not fs_pause.filesystem_only(record)
             # Its volumes are released at the spill; a resume attaches them again.
             and not record.volume_mounts)
 
