@@ -178,27 +178,37 @@ def unreferenced_blobs(home: Path, older_than_s: float) -> list[str]:
     return found
 
 
-def slots_in_use(slot_range: tuple[int, int]) -> int:
+def slot_indices(slot_range: tuple[int, int]) -> list[int]:
+    """The indices of the network slots (``aenv-<index>`` netns) in ``slot_range``."""
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     first, last = slot_range
-    count = 0
+    found = []
     for line in names.splitlines():
         name = line.split()[0] if line.split() else ""
         if name.startswith("aenv-") and name[5:].isdigit() and first <= int(name[5:]) <= last:
-            count += 1
-    return count
+            found.append(int(name[5:]))
+    return sorted(found)
+
+
+def slots_in_use(slot_range: tuple[int, int]) -> int:
+    return len(slot_indices(slot_range))
 
 
 def _slots(slot_range: tuple[int, int], held: int) -> list[str]:
-    now = slots_in_use(slot_range)
-    return [f"{now - held} network slots more than the pools hold"] if now > held else []
+    now = slot_indices(slot_range)
+    if len(now) <= held:
+        return []
+    # Which ones the pools hold the node does not say: every index, for the node's log.
+    return [f"{len(now) - held} network slots more than the pools hold "
+            f"(slots on the machine: {' '.join(f'slot {i}' for i in now)})"]
 
 
 def pools_of(api: httpx.Client) -> int:
     """The network slots the node's pools hold now (``GET /node/pools``): ready slots, warm
-    and pre-created sandboxes."""
+    and pre-created sandboxes, those being made for them, paused ones ready to resume."""
     held = api.get("/node/pools").json()
-    return int(held["networkSlots"]) + int(held["warm"]) + int(held["precreated"])
+    return sum(int(held[k]) for k in ("networkSlots", "warm", "precreated", "making",
+                                      "resumeReady"))
 
 
 def report(world: World) -> str:
@@ -225,6 +235,7 @@ __all__ = [
     "pools_of",
     "report",
     "settled",
+    "slot_indices",
     "slots_in_use",
     "unreferenced_blobs",
 ]

@@ -8,7 +8,9 @@ a forged Host and a forged SNI, DNS, and a live update that keeps an open connec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from cryptography import x509
 
 from aenv.core.net import EgressPolicy, NetSlot
+from aenv.network import nft
 from aenv.network.egress_tls import Interception
 from aenv.network.pool import SlotPool
 from aenv.orchestrator.egress import policy_from
@@ -189,6 +192,49 @@ async def test_deny_by_name_with_the_internet_open(proxied_pool: SlotPool,
     # An IP literal is judged as an address: the internet is open, so B answers.
     assert results[3] == {"status": 200, "body": f"B {world.b_ip}"}, results
     assert results[4]["rcode"] == "NXDOMAIN" and results[5]["a"] == [world.a_ip], results
+
+
+def _our_proxy_sockets() -> int:
+    """This process's sockets bound to a port of the egress proxy (the tables of
+    ``/proc/net`` hold the whole namespace's: only inodes among our descriptors count)."""
+    ours: set[str] = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                ours.add(target[8:-1])
+    ports = {nft.PROXY_HTTP_PORT, nft.PROXY_TLS_PORT, nft.PROXY_TUNNEL_PORT,
+             nft.PROXY_DNS_PORT}
+    found = 0
+    for table in ("tcp", "udp"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].split(":")[1], 16) in ports and fields[9] in ours:
+                found += 1
+    return found
+
+
+async def test_updates_racing_each_other_and_a_release_leave_one_proxy_or_none(
+        proxied_pool: SlotPool, world: World) -> None:
+    named = _policy(allowOut=["allowed.test"], denyOut=["0.0.0.0/0"])
+    slot = await proxied_pool.acquire()
+    # Two at once: the second used to bind the ports again (EADDRINUSE, a 500 on create).
+    await asyncio.gather(*(proxied_pool.set_egress(slot, named) for _ in range(3)))
+    results = await _guest(slot, [["http", world.a_ip, "allowed.test"]])
+    assert results == [{"status": 200, "body": "A allowed.test"}], results
+    assert _our_proxy_sockets() == 4  # one proxy: three TCP listeners and the DNS socket
+    await proxied_pool.release(slot)
+    # A release while the listeners are being made (the sandbox killed during its create):
+    # nothing of them outlives it, at every point of the making.
+    for steps in range(6):
+        other = await proxied_pool.acquire()
+        making = asyncio.create_task(proxied_pool.set_egress(other, named))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        await proxied_pool.release(other)
+        with contextlib.suppress(Exception):  # refused once released: fine
+            await making
+        assert _our_proxy_sockets() == 0, f"listeners outlived the release ({steps} steps in)"
 
 
 async def test_a_live_update_applies_to_the_next_connection_and_keeps_open_ones(

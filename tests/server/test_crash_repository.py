@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2b import Sandbox
+from e2b.exceptions import SandboxNotFoundException
 
 from tests.server.crash_node import MARK, CrashableNode, crashable, entries_of, live_sandboxes
 from tests.server.harness import API_KEY
@@ -130,3 +131,29 @@ def test_kill9_at_each_step_loses_nothing(operation: str, step: str) -> None:
                 assert time.monotonic() < deadline, "the paused sandbox never reached the repo"
                 time.sleep(0.2)
             assert _missing_blobs(node.home) == {}
+
+
+def test_kill9_mid_kill_of_a_paused_sandbox_leaves_nothing_to_resume() -> None:
+    """A kill cut short by the crash is finished by the restart as the kill would have:
+    the paused sandbox's manifest goes too (torture: it outlived the record, and a later
+    kill answered 204 for a sandbox the node had said was gone)."""
+    with crashable(pause_hot_s="0", crash_at="kill.marked") as node:
+        sbx = Sandbox.create(timeout=600)
+        sbx.files.write(MARK, "before")
+        sbx.pause()
+        deadline = time.monotonic() + 60
+        while f"paused-{sbx.sandbox_id}" not in _manifests(node.home):
+            assert time.monotonic() < deadline, "the paused sandbox never reached the repo"
+            time.sleep(0.2)
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(Sandbox.kill, sbx.sandbox_id)
+            _wait_exit(node)
+            assert call.exception(timeout=60) is not None  # the node died under it
+        del node.settings["crash_at"]
+        node.restart()
+
+        assert sbx.sandbox_id not in live_sandboxes()
+        assert f"paused-{sbx.sandbox_id}" not in _manifests(node.home)
+        assert Sandbox.kill(sbx.sandbox_id) is False  # 404: gone, as the first kill said
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.connect(sbx.sandbox_id, timeout=60)

@@ -45,9 +45,16 @@ class PoolsOut(BaseModel):
     warm: int
     #: Sandboxes created ahead for restores (each holds a slot).
     precreated: int
+    #: Sandboxes being made for the warm or pre-created pool now (each holds a slot).
+    making: int
+    #: Paused sandboxes whose runtime sandbox is made ahead for their resume (each holds a
+    #: slot; ``resume_ready_size``).
+    resume_ready: int = Field(serialization_alias="resumeReady")
 
 
 @router.get("/node/pools", response_model=PoolsOut, response_model_by_alias=True)
 async def node_pools(node: NodeDep) -> PoolsOut:
     return PoolsOut(network_slots=node.pool.ready_count, warm=node.warm.ready,
-                    precreated=node.precreated.ready)
+                    precreated=node.precreated.ready,
+                    making=node.warm.making + node.precreated.making,
+                    resume_ready=node.resume_ready.ready)

@@ -787,7 +787,9 @@ async function loadNode() {
     $("node-info").hidden = false;
     kv($("node-pools"), [["network slots ready", pools.data.networkSlots],
                          ["warm sandboxes", pools.data.warm],
-                         ["pre-created sandboxes", pools.data.precreated]]);
+                         ["pre-created sandboxes", pools.data.precreated],
+                         ["being made for the pools", pools.data.making],
+                         ["paused, ready to resume", pools.data.resumeReady]]);
     $("loops-health").textContent = loops.data.healthy ? "healthy" : "backing off";
     $("loops-health").className = `pill ${loops.data.healthy ? "running" : "error"}`;
     const frag = document.createDocumentFragment();

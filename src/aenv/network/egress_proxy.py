@@ -40,7 +40,7 @@ from typing import Protocol
 
 import h11
 
-from aenv.core.errors import AenvError
+from aenv.core.errors import AenvError, Unavailable
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import egress_rules, nft
 from aenv.network.egress_dns import DnsAnswers, Resolver
@@ -81,7 +81,25 @@ _Handler = Callable[["_Slot", asyncio.StreamReader, asyncio.StreamWriter], Await
 class _Slot:
     slot: NetSlot
     policy: EgressPolicy
+    #: The servers' and transports' close, then the bound sockets (closed last: a server
+    #: stops watching its socket's descriptor before the descriptor goes).
     closers: list[Callable[[], None]] = field(default_factory=list)
+    sockets: list[socket.socket] = field(default_factory=list)
+    #: True while an ``apply`` makes the listeners: a ``detach`` meanwhile leaves the
+    #: closing to it (a socket closed under a server being made leaves the loop watching a
+    #: closed descriptor).
+    making: bool = True
+    #: Set once detached.
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
+        if self.making:
+            return
+        for close in self.closers:
+            close()
+        for sock in self.sockets:
+            sock.close()
 
 
 def _bound(ifname: str, kind: int, port: int, *, transparent: bool = False) -> socket.socket:
@@ -124,7 +142,14 @@ class EgressProxy:
 
     async def apply(self, slot: NetSlot, policy: EgressPolicy) -> None:
         """Serve ``slot`` with ``policy`` (listeners made on first use), or stop serving it
-        when the policy names no domain."""
+        when the policy names no domain.
+
+        The slot is registered before the first await: a second ``apply`` meanwhile only
+        changes the policy, and a ``detach`` meanwhile (the sandbox killed) closes what this
+        call has made and makes the rest close as it is made. Two calls each binding the
+        slot's ports had the second fail with ``EADDRINUSE``; listeners made for a slot
+        detached meanwhile outlived it and took the ports of the next slot of that index.
+        On failure: ``Unavailable`` when the host refuses a port; nothing stays bound."""
         if not (policy.by_name or policy.egress_proxy):
             self.detach(slot.index)
             return
@@ -133,30 +158,50 @@ class EgressProxy:
             held.policy = policy
             return
         held = _Slot(slot, policy)
+        tcp: list[tuple[socket.socket, _Handler]] = []
         try:
             for port, handler in ((nft.PROXY_HTTP_PORT, self._http),
                                   (nft.PROXY_TLS_PORT, self._tls),
                                   (nft.PROXY_TUNNEL_PORT, self._tunnel)):
-                sock = _bound(slot.host_ifname, socket.SOCK_STREAM, port,
-                              transparent=port == nft.PROXY_TUNNEL_PORT)
-                server = await asyncio.start_server(self._accepting(handler, held), sock=sock,
+                held.sockets.append(_bound(slot.host_ifname, socket.SOCK_STREAM, port,
+                                           transparent=port == nft.PROXY_TUNNEL_PORT))
+                tcp.append((held.sockets[-1], handler))
+            udp = _bound(slot.host_ifname, socket.SOCK_DGRAM, nft.PROXY_DNS_PORT)
+            held.sockets.append(udp)
+        except OSError as exc:
+            held.making = False
+            held.close()
+            raise Unavailable(f"the egress proxy of network slot {slot.index} could not "
+                              f"listen: {exc.strerror or exc}; try again") from exc
+        self._slots[slot.index] = held
+        try:
+            for sock, serve in tcp:
+                if held.closed:
+                    return
+                server = await asyncio.start_server(self._accepting(serve, held), sock=sock,
                                                     limit=MAX_HEAD)
                 held.closers.append(server.close)
-            udp = _bound(slot.host_ifname, socket.SOCK_DGRAM, nft.PROXY_DNS_PORT)
+            if held.closed:
+                return
             transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
                 lambda: DnsAnswers(lambda: held.policy, self.allowed_addresses, self._tasks),
                 sock=udp)
             held.closers.append(transport.close)
         except BaseException:
-            for close in held.closers:
-                close()
+            self.detach(slot.index, only=held)
             raise
-        self._slots[slot.index] = held
+        finally:
+            held.making = False
+            if held.closed:
+                held.close()
 
-    def detach(self, index: int) -> None:
-        held = self._slots.pop(index, None)
-        for close in held.closers if held else ():
-            close()
+    def detach(self, index: int, *, only: _Slot | None = None) -> None:
+        """Stop serving slot ``index`` (``only``: if it is still that registration)."""
+        held = self._slots.get(index)
+        if held is None or (only is not None and held is not only):
+            return
+        del self._slots[index]
+        held.close()
 
     async def close(self) -> None:
         for index in list(self._slots):

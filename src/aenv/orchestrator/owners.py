@@ -41,6 +41,11 @@ log = logging.getLogger("aenv.orchestrator.owners")
 
 T = TypeVar("T")
 
+#: How often a kill cancels again the operation it preempted while it has not unwound, and
+#: after how long it logs where that operation waits.
+RECANCEL_S = 1.0
+STACK_AFTER_S = 5.0
+
 #: After the operation ``name`` ended with ``failure`` (None: it succeeded), make sure the
 #: sandbox is in no transitional state (``orchestrator/settle.py``).
 Settler = Callable[[str, str, BaseException | None], Awaitable[None]]
@@ -217,7 +222,7 @@ class Owners:
         owner.killed = True
 
         async def whole() -> None:
-            await owner.turn.acquire()
+            await self._turn_for_kill(owner)
             owner.operation, owner.since = "kill", time.time()
             owner.task = asyncio.current_task()
             began, failure = time.monotonic(), None
@@ -245,6 +250,27 @@ class Owners:
         task.add_done_callback(self._kills.discard)
         task.add_done_callback(_log_failed_kill)
         return task
+
+    async def _turn_for_kill(self, owner: Owner) -> None:
+        """The turn, once the preempted operation lets go of it. A cancel can be lost (one
+        that lands as the awaited call ends is taken for that call's result) or the
+        operation may cancel a step and go on to the next: it is cancelled again every
+        ``RECANCEL_S`` until it ends, and where it waits is logged once."""
+        waited = 0.0
+        while True:
+            try:
+                async with asyncio.timeout(RECANCEL_S):
+                    await owner.turn.acquire()
+                return
+            except TimeoutError:
+                waited += RECANCEL_S
+            holder = owner.task
+            if holder is None or holder.done() or owner.operation == "kill":
+                continue
+            if waited == STACK_AFTER_S:
+                log.warning("kill of %s waits %.0f s for its %s to unwind; it is at:\n%s",
+                            owner.sandbox_id, waited, owner.operation, _where(holder))
+            holder.cancel()
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -288,6 +314,21 @@ class Owners:
         if owner.operation is None and owner.queued == 0 and not owner.turn.locked() \
                 and not owner.killed and self._owners.get(owner.sandbox_id) is owner:
             del self._owners[owner.sandbox_id]
+
+
+def _where(task: asyncio.Task[Any]) -> str:
+    """Where ``task`` waits: its chain of awaited coroutines, one line each (``get_stack``
+    gives only the outermost frame of a suspended coroutine)."""
+    lines: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None and len(lines) < 40:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:
+            lines.append(f"  awaiting {awaited!r:.200}")
+            break
+        lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return "\n".join(lines) or "  (no frames)"
 
 
 def _reason(exc: BaseException) -> str:

@@ -139,6 +139,19 @@ async def unpublish(node: Node, sandbox_id: str) -> None:
             pass
 
 
+async def unpublish_killed(node: Node, sandbox_id: str) -> None:
+    """:func:`unpublish` for a sandbox whose kill is being finished, whatever its record
+    said: a crash between a resume and its unpublish (or mid-kill) leaves a manifest no
+    record names, and a manifest is a GC root — left, it would outlive the sandbox and
+    answer a later kill, or a connect on another node, as a paused sandbox. A failure is
+    logged (the sandbox is gone for its user either way)."""
+    try:
+        await unpublish(node, sandbox_id)
+    except AenvError as exc:
+        log.warning("killed %s, but could not remove its paused manifest: %s",
+                    sandbox_id, exc.message)
+
+
 async def moved_away(node: Node, record: SandboxRecord) -> bool:
     """True if ``record`` was published and its manifest is gone: another node resumed it."""
     if not published(record):

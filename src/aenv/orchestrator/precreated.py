@@ -113,6 +113,8 @@ class PrecreatedPool:
         self._ready: deque[Precreated] = deque()
         self._busy = 0
         self._wake = asyncio.Event()
+        #: Sandboxes being created for the pool now (each holds a network slot).
+        self.making = 0
 
     @property
     def node(self) -> Node:
@@ -238,7 +240,11 @@ class PrecreatedPool:
 
     async def _make(self, template: Template, shape: Shape) -> Precreated:
         sandbox_id = new_sandbox_id()
-        slot, instance = await precreate_sandbox(self.node, sandbox_id, template)
+        self.making += 1
+        try:
+            slot, instance = await precreate_sandbox(self.node, sandbox_id, template)
+        finally:
+            self.making -= 1
         return Precreated(sandbox_id, shape, slot, instance)
 
     async def _discard(self, pre: Precreated) -> None:

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 
 from aenv.core.states import SandboxState
+from aenv.orchestrator import paused_repo
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_of
 from aenv.orchestrator.instance_codec import decode, frozen, paused_image
@@ -282,12 +283,17 @@ async def apply(node: Node, record: SandboxRecord, action: Action,
     slot, instance = decode(record.instance, sid)
     if action == Action.TEARDOWN:
         log.info("tearing down sandbox %s left %s by a previous run", sid, record.state)
-        if record.state != S.KILLING:
+        killed = record.state == S.KILLING
+        if not killed:
             record = await node.store.update(record, state=S.KILLING)
         if instance is None and observed is not None:
             # A create (a fork child) cut short before its record named its runtime.
             await node.runtime.destroy(Instance(sid, observed.runtime_id, observed.pid, slot))
         await teardown(node, record)
+        if killed:
+            # A kill the crash cut short finishes as the kill would have (torture: a kill
+            # preempting a resume, then SIGKILL; its paused manifest answered the next kill).
+            await paused_repo.unpublish_killed(node, sid)
         await node.store.delete(record)
         return
     if action in (Action.RUNNING, Action.FROZEN, Action.SPILL):

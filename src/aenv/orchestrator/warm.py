@@ -57,6 +57,8 @@ class WarmPool:
         self._ready: deque[Booted] = deque()
         self._wake = asyncio.Event()
         self._taken_at = 0.0
+        #: Sandboxes being booted for the pool now (each holds a network slot).
+        self.making = 0
 
     @property
     def node(self) -> Node:
@@ -101,9 +103,7 @@ class WarmPool:
                     await asyncio.sleep(quiet_in)
                     continue  # taken from meanwhile: quiet again from then
                 try:
-                    assert self.template is not None  # set by start, before this loop
-                    booted = await boot_sandbox(self.node, new_sandbox_id(), self.template)
-                    booted = await self._prime(booted)
+                    booted = await self._boot()
                 except Exception as exc:
                     log.warning("warm boot failed (retrying in %.0fs): %s", delay, exc)
                     await asyncio.sleep(delay)
@@ -115,6 +115,15 @@ class WarmPool:
                          sum(booted.phases.values()))
             self._wake.clear()
             await self._wake.wait()
+
+    async def _boot(self) -> Booted:
+        assert self.template is not None  # set by start, before the refill
+        self.making += 1
+        try:
+            booted = await boot_sandbox(self.node, new_sandbox_id(), self.template)
+            return await self._prime(booted)
+        finally:
+            self.making -= 1
 
     async def _prime(self, booted: Booted) -> Booted:
         """``booted`` with its envd initialised as a plain create of the template would; on

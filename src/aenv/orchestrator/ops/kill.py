@@ -28,6 +28,7 @@ import logging
 from typing import Any
 
 from aenv.core.errors import AenvError, Conflict, NotFound
+from aenv.core.faults import fault
 from aenv.core.states import SandboxState
 from aenv.orchestrator import disk_mode, paused_repo
 from aenv.orchestrator.context import Node
@@ -60,6 +61,7 @@ async def kill(node: Node, sandbox_id: str, *, reason: str | None = None) -> boo
     visible = record.state != SandboxState.KILLING
     node.owners.begin_kill(sandbox_id)
     await mark_killing(node, sandbox_id, reason)
+    fault("kill.marked")
     node.streams.abort(sandbox_id)
     await team_changed(node, record.team_id)  # its quota is free from now, cluster-wide
     node.spiller.cancel(sandbox_id)
@@ -151,13 +153,7 @@ async def _finish(node: Node, sandbox_id: str, stopped: asyncio.Event) -> None:
     await teardown(node, record, on_stopped=now_stopped)
     node.logbook.forget(sandbox_id)
     disk_mode.forget(node, sandbox_id)
-    # Published or not as far as the record knows: a crash between a resume and its
-    # unpublish leaves a manifest the record no longer names, and a manifest is a GC root —
-    # left, it would outlive the sandbox (and answer a later kill with 204: long torture).
-    try:
-        await paused_repo.unpublish(node, sandbox_id)
-    except AenvError as exc:
-        log.warning("killed %s, but could not remove its paused manifest: %s",
-                    sandbox_id, exc.message)
+    # Published or not as far as the record knows (long torture: a later kill answered 204).
+    await paused_repo.unpublish_killed(node, sandbox_id)
     await node.store.delete(await node.store.require(sandbox_id))
     node.owners.forget_error(sandbox_id)
