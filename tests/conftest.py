@@ -11,10 +11,37 @@ from pathlib import Path
 import pytest
 
 
+def slot_base() -> int:
+    """The first network slot of this test session's block of 10,000
+    (``tests/server/harness.py``); parallel sessions (the shards) are given their own."""
+    return int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 4) * 10_000))
+
+
+#: Ports handed out per test session, from a block of its own (below the kernel's ephemeral
+#: range, which starts at 32768).
+_PORTS_PER_SESSION = 500
+_next_port = 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now, from this session's own block. A port the kernel picks (bind to 0)
+    was handed to two shards at once: a node binds its port only once started (seconds), and
+    meanwhile a fake-runtime node of another shard took the same port, so a test's SDK
+    talked to the other shard's node (a file write answered by a fake guest)."""
+    global _next_port
+    # One block per thousand of the slot base (45 of them fit below 32,768): a session, the
+    # benchmark it starts with its base + 5,000 and the other shards never share a port.
+    first = 10_000 + (slot_base() // 1_000 % 45) * _PORTS_PER_SESSION
+    for _ in range(_PORTS_PER_SESSION):
+        port = first + _next_port % _PORTS_PER_SESSION
+        _next_port += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {first}..{first + _PORTS_PER_SESSION - 1}")
 
 
 @pytest.fixture

@@ -24,7 +24,9 @@ from pathlib import Path
 
 from e2b import Sandbox
 
-from tests.conftest import free_port
+from aenv.core.errors import FailedPrecondition
+from aenv.core.locks import lock_slot_range
+from tests.conftest import free_port, slot_base
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("AENV_TEST_CACHE", "/var/cache/aenv-test"))
@@ -98,11 +100,6 @@ _servers_started = 0
 RANGES = 100
 
 
-def slot_base() -> int:
-    """The first slot of this test session's block of 10,000 (see ``_slot_range``)."""
-    return int(os.environ.get("AENV_TEST_SLOT_BASE", 20_000 + (os.getpid() % 4) * 10_000))
-
-
 def _slot_range() -> dict[str, str]:
     """A network slot range of its own for each test server: two servers sharing slots would
     sweep each other's network namespaces at start."""
@@ -113,9 +110,19 @@ def _slot_range() -> dict[str, str]:
     # one fails loudly; what a killed one left in its range the next one's sweep takes.
     # AENV_TEST_SLOT_BASE: a block of 10,000 slots of one's own (parallel test sessions); the
     # default blocks end below 60,000 (tests/network uses 61,000 and up).
-    first = slot_base() + (_servers_started % RANGES) * 100
-    _servers_started += 1
-    return {"net_first_index": str(first), "net_last_index": str(first + 99)}
+    for _ in range(RANGES):
+        first = slot_base() + (_servers_started % RANGES) * 100
+        _servers_started += 1
+        try:
+            # Free now (no live node holds any of it): this process holds no slot lock of
+            # its own, so taking and closing one here releases nothing of anyone's.
+            lock_slot_range(first, first + 99).release()
+        except FailedPrecondition:
+            continue
+        except OSError:
+            pass  # no lock file to take (not root: no node starts anyway)
+        return {"net_first_index": str(first), "net_last_index": str(first + 99)}
+    raise RuntimeError(f"every slot range of this session's block ({slot_base()}..) is held")
 
 
 #: Memory images of the base template that earlier test servers made, as a posix repository
@@ -174,10 +181,13 @@ def start_server(port: int, home: Path | None = None, *, netns: str | None = Non
     # the pool ask for them. So do paused sandboxes kept ready to resume: the tests of the
     # disk tier see a paused sandbox's runtime freed (``test_resume_ready.py`` turns it on).
     # The code-interpreter template is built only by the tests of it (a few minutes, once).
-    slots = _slot_range()
+    # A restart passes its range: it takes no new one (restarts counted as new ranges came
+    # round to the first range within one shard, next to a node maybe still running there).
+    slots = {} if "net_first_index" in settings else _slot_range()
     if "slot_count" in settings:  # fewer slots than the range's 100 (tests of slot pressure)
-        first = int(slots["net_first_index"])
-        slots["net_last_index"] = str(first + int(settings.pop("slot_count")) - 1)
+        first = int({**slots, **settings}["net_first_index"])
+        count = int(settings.pop("slot_count"))
+        slots["net_last_index"] = settings["net_last_index"] = str(first + count - 1)
     settings = {**slots, "precreate_pool_size": "0", "resume_ready_size": "0",
                 "code_interpreter": "false",
                 **({"workspace": mode} if mode else {}), **settings}
