@@ -235,6 +235,10 @@ async def test_updates_racing_each_other_and_a_release_leave_one_proxy_or_none(
         with contextlib.suppress(Exception):  # refused once released: fine
             await making
         assert _our_proxy_sockets() == 0, f"listeners outlived the release ({steps} steps in)"
+        table = await nft.read_table()
+        assert table is not None
+        assert other.index not in table.slots and other.index not in table.chains, (
+            f"the policy's rules outlived the release ({steps} steps in)")
 
 
 async def test_a_live_update_applies_to_the_next_connection_and_keeps_open_ones(

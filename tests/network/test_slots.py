@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from aenv.core.errors import Internal
 from aenv.core.net import GATEWAY_IP, GUEST_IP, GUEST_MAC, EgressPolicy
 from aenv.network import nft, slots
+from aenv.network import pool as pool_module
 from aenv.network.pool import SlotPool
 from tests.network.fixtures import TEST_FIRST, TEST_LAST, ours, pool_config
 from tests.network.peers import wait_gone
@@ -192,3 +194,35 @@ async def _until(condition: object, timeout: float = 10.0) -> None:
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
 
+
+
+async def test_a_slot_whose_teardown_failed_is_removed_on_a_later_try(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A teardown refused once (a netns still busy) is not left to the next start's sweep:
+    the refill task tries again, and the index serves sandboxes again."""
+    monkeypatch.setattr(pool_module, "RETRY_UNDONE_S", 0.2)
+    pool = SlotPool(pool_config(low=1, high=2))
+    await pool.start()
+    await pool.sweep()  # what earlier tests left in the range
+    real_destroy = slots.destroy
+    refused: list[int] = []
+
+    async def refuse_once(index: int) -> None:
+        if not refused:
+            refused.append(index)
+            raise Internal(f"netns aenv-{index} is busy (refused by the test)")
+        await real_destroy(index)
+
+    try:
+        slot = await pool.acquire()
+        monkeypatch.setattr(slots, "destroy", refuse_once)
+        with pytest.raises(Internal):
+            await pool.release(slot)
+        assert refused == [slot.index] and slots.exists(slot.index)
+        await _until(lambda: not slots.exists(slot.index), timeout=5)
+        assert slot.index not in await pool.sweep()  # nothing left for a sweep to find
+    finally:
+        for leased in pool.leased():
+            await pool.release(leased)
+        await pool.close()
+    assert ours() == set()

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import secrets
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from aenv.core.errors import AenvError, Internal, InvalidArgument, NotFound, ResourceExhausted
@@ -40,6 +41,8 @@ log = logging.getLogger("aenv.network")
 #: broken host (no nft, RTNL stuck) is not hammered.
 REFILL_BACKOFF_S = 0.5
 REFILL_BACKOFF_MAX_S = 30.0
+#: How often a slot whose teardown failed is tried again.
+RETRY_UNDONE_S = 5.0
 #: Every this many refreshes the set is written even when unchanged: another process (a test
 #: session, another aenv version) may have recreated the table with the set empty.
 NODE_NETS_REWRITE_EVERY = 12
@@ -94,6 +97,14 @@ class SlotPool:
         #: Indices found on the machine at start, or whose teardown failed: not handed out
         #: until ``sweep`` removed them.
         self._blocked: set[int] = set()
+        #: Indices whose teardown failed while this pool ran (a netns still busy, RTNL
+        #: refusing): retried every ``RETRY_UNDONE_S`` by the refill task, not left blocked
+        #: until the next start's sweep.
+        self._undone: set[int] = set()
+        #: One change at a time per leased slot: an egress update and the release racing
+        #: it (the sandbox killed during its create) wrote the policy's chain back after the
+        #: release removed it, a leftover no pool owned.
+        self._changing: dict[int, tuple[asyncio.Lock, int]] = {}
         self._next_index = self.config.first_index
         self._wake = asyncio.Event()
         self._refill_task: asyncio.Task[None] | None = None
@@ -190,16 +201,17 @@ class SlotPool:
         On success: its netns, veth, route and nft entries are gone and the index is free.
         On failure: raises ``Internal``; the index stays out of use until ``sweep``.
         """
-        current = self._leased.get(slot.index)
-        if (current is not None and current.lease != slot.lease) or any(
-            ready.index == slot.index for ready in self._ready
-        ):
-            # Released before and made again for someone else: this release is stale.
-            log.warning("ignored a stale release of slot %d", slot.index)
-            return
-        self._leased.pop(slot.index, None)
-        self.proxy.detach(slot.index)
-        await self._destroy(slot.index)
+        async with self._change(slot.index):
+            current = self._leased.get(slot.index)
+            if (current is not None and current.lease != slot.lease) or any(
+                ready.index == slot.index for ready in self._ready
+            ):
+                # Released before and made again for someone else: this release is stale.
+                log.warning("ignored a stale release of slot %d", slot.index)
+                return
+            self._leased.pop(slot.index, None)
+            self.proxy.detach(slot.index)
+            await self._destroy(slot.index)
 
     async def adopt(self, slot: NetSlot, policy: EgressPolicy | None = None) -> None:
         """Take over the slot of a sandbox that survived a server restart.
@@ -235,11 +247,27 @@ class SlotPool:
         On failure: raises ``InvalidArgument`` (not leased, bad CIDR) or ``Internal``; the old
         rules stay.
         """
-        if slot.index not in self._leased:
-            raise InvalidArgument(f"network slot {slot.index} is not leased from this pool")
-        # The proxy first: a slot newly intercepted finds its listeners there.
-        await self.proxy.apply(slot, policy)
-        await self._apply(nft.policy_script(slot.index, policy))
+        async with self._change(slot.index):
+            if slot.index not in self._leased:
+                raise InvalidArgument(
+                    f"network slot {slot.index} is not leased from this pool")
+            # The proxy first: a slot newly intercepted finds its listeners there.
+            await self.proxy.apply(slot, policy)
+            await self._apply(nft.policy_script(slot.index, policy))
+
+    @contextlib.asynccontextmanager
+    async def _change(self, index: int) -> AsyncIterator[None]:
+        lock, users = self._changing.get(index, (asyncio.Lock(), 0))
+        self._changing[index] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._changing[index]
+            if users == 1:
+                del self._changing[index]
+            else:
+                self._changing[index] = (lock, users - 1)
 
     async def sweep(self) -> list[int]:
         """Remove every slot in this pool's index range that is neither ready nor leased.
@@ -362,17 +390,37 @@ class SlotPool:
     async def _destroy(self, index: int) -> None:
         self._blocked.add(index)
         try:
-            await nft.apply(nft.remove_slot_script(self._entry(index)))
-        except Internal:
-            if await nft.read_table() is not None:
-                raise  # a real failure; without a table there is nothing to remove
-        await slots.destroy(index)
+            try:
+                await nft.apply(nft.remove_slot_script(self._entry(index)))
+            except Internal:
+                if await nft.read_table() is not None:
+                    raise  # a real failure; without a table there is nothing to remove
+            await slots.destroy(index)
+        except Exception:
+            self._undone.add(index)
+            self._wake.set()  # the refill task, waiting, now waits with a retry time
+            raise
+        self._undone.discard(index)
         self._blocked.discard(index)
+
+    async def _retry_undone(self) -> None:
+        for index in sorted(self._undone):
+            try:
+                await self._destroy(index)
+                log.info("removed network slot %d on a later try", index)
+            except AenvError as exc:
+                log.warning("network slot %d still cannot be removed: %s", index, exc.message)
 
     async def _refill_loop(self) -> None:
         backoff = REFILL_BACKOFF_S
         while True:
-            await self._wake.wait()
+            if self._undone:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RETRY_UNDONE_S):
+                        await self._wake.wait()
+                await self._retry_undone()
+            else:
+                await self._wake.wait()
             self._wake.clear()
             while len(self._ready) < self.config.high:
                 try:
