@@ -189,7 +189,8 @@ async def _session(c: AsyncClient, sbx: Sandbox, *, reattach: bool) -> int | Non
                 # What was typed before the key goes to the shell first (it often comes in
                 # the same read as the key: "MARK=1\r^]").
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(keys.join(), timeout=FLUSH_S)
+                    async with asyncio.timeout(FLUSH_S):
+                        await keys.join()
             code = shell.result() if shell.done() else None
         finally:
             loop.remove_reader(fd_in)

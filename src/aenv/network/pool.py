@@ -26,10 +26,10 @@ import contextlib
 import logging
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from aenv.core.errors import AenvError, Internal, InvalidArgument, NotFound, ResourceExhausted
+from aenv.core.keyed_locks import KeyedLocks
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import nft, node_nets, slots
 from aenv.network.egress_dns import Resolver
@@ -104,7 +104,7 @@ class SlotPool:
         #: One change at a time per leased slot: an egress update and the release racing
         #: it (the sandbox killed during its create) wrote the policy's chain back after the
         #: release removed it, a leftover no pool owned.
-        self._changing: dict[int, tuple[asyncio.Lock, int]] = {}
+        self._changing = KeyedLocks()
         self._next_index = self.config.first_index
         self._wake = asyncio.Event()
         self._refill_task: asyncio.Task[None] | None = None
@@ -201,7 +201,7 @@ class SlotPool:
         On success: its netns, veth, route and nft entries are gone and the index is free.
         On failure: raises ``Internal``; the index stays out of use until ``sweep``.
         """
-        async with self._change(slot.index):
+        async with self._changing.hold(str(slot.index)):
             current = self._leased.get(slot.index)
             if (current is not None and current.lease != slot.lease) or any(
                 ready.index == slot.index for ready in self._ready
@@ -247,27 +247,13 @@ class SlotPool:
         On failure: raises ``InvalidArgument`` (not leased, bad CIDR) or ``Internal``; the old
         rules stay.
         """
-        async with self._change(slot.index):
+        async with self._changing.hold(str(slot.index)):
             if slot.index not in self._leased:
                 raise InvalidArgument(
                     f"network slot {slot.index} is not leased from this pool")
             # The proxy first: a slot newly intercepted finds its listeners there.
             await self.proxy.apply(slot, policy)
             await self._apply(nft.policy_script(slot.index, policy))
-
-    @contextlib.asynccontextmanager
-    async def _change(self, index: int) -> AsyncIterator[None]:
-        lock, users = self._changing.get(index, (asyncio.Lock(), 0))
-        self._changing[index] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._changing[index]
-            if users == 1:
-                del self._changing[index]
-            else:
-                self._changing[index] = (lock, users - 1)
 
     async def sweep(self) -> list[int]:
         """Remove every slot in this pool's index range that is neither ready nor leased.

@@ -236,7 +236,8 @@ class PrecreatedPool:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 # Awake when a demand leaves the window: the pool may shrink then.
-                await asyncio.wait_for(self._wake.wait(), timeout=self.demand.changes_in())
+                async with asyncio.timeout(self.demand.changes_in()):
+                    await self._wake.wait()
 
     async def _make(self, template: Template, shape: Shape) -> Precreated:
         sandbox_id = new_sandbox_id()

@@ -229,4 +229,5 @@ class ResumeReady:
             first = min(self._made.values(), default=None)
             timeout = None if first is None else max(0.0, first + self.keep_s - now)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()

@@ -91,7 +91,8 @@ class Spiller:
             wait = min(self._due.values(), default=now + 3600) - time.monotonic()
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()
 
     async def _spill(self, sandbox_id: str) -> None:
         node = self._node

@@ -49,7 +49,8 @@ async def call(socket_path: Path, method: str, arg: Any = None, *,
     sock.setblocking(False)
     try:
         try:
-            await asyncio.wait_for(loop.sock_connect(sock, str(socket_path)), timeout)
+            async with asyncio.timeout(timeout):
+                await loop.sock_connect(sock, str(socket_path))
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise NotFound(f"no runsc control socket at {socket_path}") from exc
         except (OSError, TimeoutError) as exc:
@@ -63,8 +64,8 @@ async def call(socket_path: Path, method: str, arg: Any = None, *,
                 # Not an empty send once all went with the descriptors: a sandbox that has
                 # answered and closed already would make even that fail with EPIPE.
                 await loop.sock_sendall(sock, request[sent:])
-            reply = await asyncio.wait_for(
-                _read_reply(lambda: loop.sock_recv(sock, 65536)), timeout)
+            async with asyncio.timeout(timeout):
+                reply = await _read_reply(lambda: loop.sock_recv(sock, 65536))
         except (OSError, TimeoutError, ValueError) as exc:
             raise CallInDoubt(f"{method} on {socket_path.name}: no answer ({exc!r})") from exc
     finally:

@@ -138,7 +138,8 @@ class PoolTrimmer:
         timeout = _AFTER_REQUEST_POLL_S if eager else self.interval_s
         if timeout > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._asked.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._asked.wait()
         else:
             await self._asked.wait()
         asked = self._asked.is_set()

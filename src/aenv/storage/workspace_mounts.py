@@ -136,8 +136,8 @@ async def _ioctl(request: int, mount_point: Path, *, tolerated: int) -> None:
     # not interrupt it); the caller's thaw follows either way.
     argv = ["fsfreeze", "--freeze" if request == _FIFREEZE else "--unfreeze", str(mount_point)]
     try:
-        await asyncio.wait_for(asyncio.to_thread(_call, request, mount_point),
-                               FREEZE_TIMEOUT_S)
+        async with asyncio.timeout(FREEZE_TIMEOUT_S):
+            await asyncio.to_thread(_call, request, mount_point)
     except TimeoutError as exc:
         raise CommandTimeout(argv, None, f"no answer within {FREEZE_TIMEOUT_S:.0f} s") from exc
     except OSError as exc:

@@ -85,7 +85,8 @@ async def _follow(path: Path, stop: asyncio.Event, progress: MmdebstrapProgress)
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout=seconds)
+        async with asyncio.timeout(seconds):
+            await event.wait()
 
 
 def _tail(log: Path, limit: int = 4000) -> str:
