@@ -226,3 +226,19 @@ async def test_a_slot_whose_teardown_failed_is_removed_on_a_later_try(
             await pool.release(leased)
         await pool.close()
     assert ours() == set()
+
+
+async def test_a_pool_closed_while_it_refills_leaves_nothing_behind() -> None:
+    """A node that stops while its pool makes slots: the slot being made is finished and
+    removed, or never made — no netns, veth or nft entry is left at any point of the making."""
+    first = TEST_FIRST + 800
+    for delay in (0.0, 0.003, 0.01, 0.02, 0.04, 0.08, 0.16):
+        pool = SlotPool(pool_config(first_index=first, last_index=first + 99, low=6, high=6))
+        await pool.start()
+        await asyncio.sleep(delay)
+        await pool.close()
+        table = await nft.read_table()
+        assert table is not None
+        left = {i for i in (*table.slots, *table.chains, *slots.existing())
+                if first <= i <= first + 99}
+        assert left == set(), f"closed {delay} s into its refill, it left slots {left}"

@@ -274,7 +274,8 @@ class EgressProxy:
 
     async def _http(self, held: _Slot, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter) -> None:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), FIRST_BYTES_S)
+        async with asyncio.timeout(FIRST_BYTES_S):
+            head = await reader.readuntil(b"\r\n\r\n")
         host = host_header(head)
         if host is None:
             await _refuse_http(writer, "no Host header")
@@ -326,7 +327,8 @@ class EgressProxy:
         guest = h11.Connection(h11.SERVER)
         upstream_h11 = h11.Connection(h11.CLIENT)
         try:
-            up_reader, up_writer = await asyncio.wait_for(upstream(), CONNECT_S)
+            async with asyncio.timeout(CONNECT_S):
+                up_reader, up_writer = await upstream()
         except (OSError, TimeoutError) as exc:
             log.info("slot %d: upstream refused: %s", held.slot.index, exc)
             await _refuse_http(writer, f"the host cannot be reached: {exc}",
@@ -379,11 +381,13 @@ class EgressProxy:
 
     async def _tls(self, held: _Slot, reader: asyncio.StreamReader,
                    writer: asyncio.StreamWriter) -> None:
-        header = await asyncio.wait_for(reader.readexactly(5), FIRST_BYTES_S)
+        async with asyncio.timeout(FIRST_BYTES_S):
+            header = await reader.readexactly(5)
         content_type, _, length = struct.unpack("!BHH", header)
         if content_type != 22 or length > MAX_HEAD:
             return
-        record = await asyncio.wait_for(reader.readexactly(length), FIRST_BYTES_S)
+        async with asyncio.timeout(FIRST_BYTES_S):
+            record = await reader.readexactly(length)
         name = sni_of(record)
         if name is None:
             log.info("slot %d: TLS without SNI refused", held.slot.index)
@@ -439,9 +443,10 @@ class EgressProxy:
         address is what the policy judged, and a proxy resolving the name again could be
         answered another one."""
         if policy.egress_proxy is None:
-            return await asyncio.wait_for(asyncio.open_connection(
-                address, port, ssl=tls, server_hostname=name if tls else None,
-                ssl_handshake_timeout=CONNECT_S if tls else None), CONNECT_S)
+            async with asyncio.timeout(CONNECT_S):
+                return await asyncio.open_connection(
+                    address, port, ssl=tls, server_hostname=name if tls else None,
+                    ssl_handshake_timeout=CONNECT_S if tls else None)
         up_reader, up_writer = await open_via(_upstream(policy.egress_proxy), address, port,
                                               timeout_s=CONNECT_S)
         if tls is not None:
@@ -475,7 +480,9 @@ async def _next(connection: h11.Connection, reader: _Readable) -> object:
         event = connection.next_event()
         if event is not h11.NEED_DATA:
             return event
-        connection.receive_data(await asyncio.wait_for(reader.read(CHUNK), FIRST_BYTES_S * 10))
+        async with asyncio.timeout(FIRST_BYTES_S * 10):
+            data = await reader.read(CHUNK)
+        connection.receive_data(data)
 
 
 def transform_for(policy: EgressPolicy, host: str) -> tuple[tuple[str, str], ...]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from aenv.core.errors import AenvError, Internal, InvalidArgument, NotFound, ResourceExhausted
 from aenv.core.keyed_locks import KeyedLocks
 from aenv.core.net import EgressPolicy, NetSlot
+from aenv.core.unwind import to_the_end
 from aenv.network import nft, node_nets, slots
 from aenv.network.egress_dns import Resolver
 from aenv.network.egress_proxy import EgressProxy
@@ -123,13 +124,16 @@ class SlotPool:
         """Prepare the host and start refilling.
 
         Prerequisites: root; ``ip`` and ``nft`` installed.
-        On success: IPv4 forwarding is on, the nft table exists and is current, its
-        ``node_nets`` set holds the node's networks, the refill task runs and fills the pool
-        up to ``high``, the refresh task keeps ``node_nets`` current. Slots already on the
-        machine are left alone (``adopt`` or ``sweep`` them next).
+        On success: IPv4 forwarding is on, the egress proxy's ports are reserved, the nft
+        table exists and is current, its ``node_nets`` set holds the node's networks, the
+        refill task runs and fills the pool up to ``high``, the refresh task keeps
+        ``node_nets`` current. Slots already on the machine are left alone (``adopt`` or
+        ``sweep`` them next).
         On failure: raises ``Internal``; nothing runs.
         """
         slots.ensure_forwarding()
+        slots.reserve_ports((nft.PROXY_HTTP_PORT, nft.PROXY_TLS_PORT, nft.PROXY_DNS_PORT,
+                             nft.PROXY_TUNNEL_PORT))
         await slots.ensure_tunnel_routing(nft.TUNNEL_MARK, nft.TUNNEL_TABLE)
         self._table_fresh = await nft.ensure_table(self._ruleset)
         await self.refresh_node_nets(force=True)
@@ -348,15 +352,27 @@ class SlotPool:
     async def _create(self) -> NetSlot:
         index = self._allocate_index()
         try:
-            entry = self._entry(index)
-            slot = await slots.create(index, return_ip=entry.return_ip)
+            # Whole or not at all, cancelled or not: the refill cancelled by ``close`` mid-way
+            # left a slot's nft entries that no pool owned (the next test's sweep found them).
+            making = asyncio.ensure_future(self._make(index))
             try:
-                await self._apply(nft.add_slot_script(entry, self.config.default_egress))
-            except BaseException:
-                await asyncio.shield(slots.destroy(index))
+                return await to_the_end(making)
+            except asyncio.CancelledError:
+                if making.done() and not making.cancelled() and making.exception() is None:
+                    await to_the_end(self._destroy(index))  # made, but nobody will take it
                 raise
         finally:
             self._creating.discard(index)
+
+    async def _make(self, index: int) -> NetSlot:
+        entry = self._entry(index)
+        slot = await slots.create(index, return_ip=entry.return_ip)  # removes its own half
+        try:
+            await self._apply(nft.add_slot_script(entry, self.config.default_egress))
+        except BaseException:
+            # The nft entries too: an ``nft`` killed by a cancel may have committed them.
+            await self._destroy(index)
+            raise
         return slot
 
     async def _apply(self, script: str) -> None:

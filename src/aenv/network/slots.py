@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from aenv.core import proc
@@ -223,6 +224,29 @@ def ensure_forwarding() -> None:
             "net.ipv4.conf.all.rp_filter=1 (strict) drops guest traffic of all slots but one; "
             "set it to 0 or 2"
         )
+
+
+def reserve_ports(ports: Iterable[int]) -> None:
+    """Keep ``ports`` out of the kernel's ephemeral range (``ip_local_reserved_ports``).
+
+    The egress proxy listens on fixed ports inside that range, bound to each slot's veth; an
+    outgoing connection of the host that happened to get one of them as its local port made
+    every proxy listener of that port fail with ``EADDRINUSE`` (a create with a domain rule
+    answered 500) for as long as that connection lived.
+    Prerequisites: root. On success: each port is in the reserved list (others kept).
+    On failure: raises ``Internal``.
+    """
+    path = PROC_SYS / "ipv4" / "ip_local_reserved_ports"
+    listed = path.read_text().strip()
+    reserved: set[int] = set()
+    for part in filter(None, listed.split(",")):
+        low, _, high = part.partition("-")
+        reserved.update(range(int(low), int(high or low) + 1))
+    missing = sorted(set(ports) - reserved)
+    if missing:
+        log.info("reserving ports %s for the egress proxy (net.ipv4.ip_local_reserved_ports)",
+                 ", ".join(map(str, missing)))
+        _write_sysctl(path, ",".join(filter(None, [listed, *map(str, missing)])))
 
 
 async def ensure_tunnel_routing(mark: int, table: int) -> None:

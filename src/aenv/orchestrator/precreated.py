@@ -46,11 +46,11 @@ from pathlib import Path
 from aenv.core.errors import FailedPrecondition
 from aenv.core.ids import new_sandbox_id
 from aenv.core.net import NetSlot
+from aenv.core.unwind import to_the_end
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.ops.boot import precreate_sandbox, release
 from aenv.orchestrator.pool_demand import Demand
-from aenv.orchestrator.unwind import to_the_end
 from aenv.runtime.base import Instance
 
 log = logging.getLogger("aenv.orchestrator.precreated")

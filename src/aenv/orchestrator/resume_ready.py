@@ -35,6 +35,7 @@ from pathlib import Path
 from aenv.core.errors import AenvError, Conflict, FailedPrecondition, NotFound
 from aenv.core.net import NetSlot
 from aenv.core.states import SandboxState
+from aenv.core.unwind import to_the_end
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_of
 from aenv.orchestrator.instance_codec import (
@@ -46,7 +47,6 @@ from aenv.orchestrator.instance_codec import (
     slot_to_json,
 )
 from aenv.orchestrator.ops import fs_pause
-from aenv.orchestrator.unwind import to_the_end
 from aenv.orchestrator.volumes import mounts_of
 from aenv.runtime.base import Instance, SandboxSpec
 from aenv.store.models import SandboxRecord

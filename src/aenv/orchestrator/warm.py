@@ -27,11 +27,11 @@ from dataclasses import replace
 
 from aenv.core.errors import FailedPrecondition
 from aenv.core.ids import new_access_token, new_sandbox_id
+from aenv.core.unwind import to_the_end
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, hand_identity
 from aenv.orchestrator.template_image import warm_up
-from aenv.orchestrator.unwind import to_the_end
 from aenv.runtime.base import ENVD_PORT
 
 log = logging.getLogger("aenv.orchestrator.warm")

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Literal
 
 from aenv.core.errors import ResourceExhausted
 from aenv.core.net import EgressPolicy, NetSlot
+from aenv.core.unwind import to_the_end
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.envd_client import EnvdClient
-from aenv.orchestrator.unwind import to_the_end
 from aenv.runtime.base import Instance, MemoryImage, SandboxSpec, VolumeBind
 
 if TYPE_CHECKING:

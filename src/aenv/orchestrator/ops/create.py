@@ -21,6 +21,7 @@ from aenv.core.errors import FailedPrecondition, NotFound, ResourceExhausted
 from aenv.core.ids import new_access_token, new_client_id, new_sandbox_id
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.core.states import SandboxState
+from aenv.core.unwind import to_the_end
 from aenv.envd.volume_binds import slot_count
 from aenv.orchestrator import egress_trust, traffic
 from aenv.orchestrator.context import Node
@@ -30,7 +31,6 @@ from aenv.orchestrator.instance_codec import instance_json
 from aenv.orchestrator.ops.boot import Booted, boot_sandbox, discard, hand_identity, release
 from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.team_quota import team_starts
-from aenv.orchestrator.unwind import to_the_end
 from aenv.orchestrator.volumes import Mounted, MountRequest, mounts_of, slot_binds
 from aenv.orchestrator.workload_identity import TokenSpec
 from aenv.store.models import SandboxRecord

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from aenv.core.net import NetSlot
 from aenv.core.states import SandboxState
+from aenv.core.unwind import to_the_end
 from aenv.orchestrator import egress_trust
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_of
@@ -34,7 +35,6 @@ from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.instance_codec import decode, envd_bundle_of, instance_json
 from aenv.orchestrator.ops.boot import acquire_slot, sandbox_spec
 from aenv.orchestrator.ops.quiesce import quiesced
-from aenv.orchestrator.unwind import to_the_end
 from aenv.orchestrator.volumes import mounts_of, slot_binds
 from aenv.runtime.base import Instance
 from aenv.store.models import SandboxRecord

@@ -33,6 +33,7 @@ from aenv.core.errors import (
 )
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.core.states import SandboxState
+from aenv.core.unwind import to_the_end
 from aenv.orchestrator import paused_repo
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.egress import policy_of
@@ -53,7 +54,6 @@ from aenv.orchestrator.ops.teardown import teardown
 from aenv.orchestrator.precreated import Precreated, shape
 from aenv.orchestrator.resume_ready import READY_KEYS, paused_spec
 from aenv.orchestrator.team_quota import team_starts
-from aenv.orchestrator.unwind import to_the_end
 from aenv.orchestrator.volumes import mounts_of
 from aenv.runtime.base import Instance, MemoryImage
 from aenv.store.models import SandboxRecord

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from aenv.core.errors import NotEnoughSpace
+from aenv.core.unwind import to_the_end
 from aenv.orchestrator.context import Node
 from aenv.orchestrator.ops.template_catalog import building, require_template
-from aenv.orchestrator.unwind import to_the_end
 from aenv.templates.e2b_steps import check_files_hash
 
 #: Bytes gathered before one write in a worker thread: the request's chunks are ~64 KiB, and
