@@ -256,7 +256,7 @@ class Owners:
         that lands as the awaited call ends is taken for that call's result) or the
         operation may cancel a step and go on to the next: it is cancelled again every
         ``RECANCEL_S`` until it ends, and where it waits is logged once."""
-        waited = 0.0
+        waited, told = 0.0, False
         while True:
             try:
                 async with asyncio.timeout(RECANCEL_S):
@@ -267,7 +267,8 @@ class Owners:
             holder = owner.task
             if holder is None or holder.done() or owner.operation == "kill":
                 continue
-            if waited == STACK_AFTER_S:
+            if not told and waited >= STACK_AFTER_S:
+                told = True
                 log.warning("kill of %s waits %.0f s for its %s to unwind; it is at:\n%s",
                             owner.sandbox_id, waited, owner.operation, _where(holder))
             holder.cancel()
