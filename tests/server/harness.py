@@ -43,6 +43,8 @@ class NodeServer:
     env: dict[str, str]
     #: The address it listens on: loopback, or its own in a network namespace of its own.
     host: str = "127.0.0.1"
+    #: Where this process's lines begin in the log (a restart on a home appends to it).
+    log_from: int = 0
 
     @property
     def url(self) -> str:
@@ -80,14 +82,18 @@ def client_env(server: NodeServer) -> dict[str, str]:
 
 
 def wait_healthy(server: NodeServer, timeout: float = 600.0) -> None:
+    """Until ``server`` answers ``/health`` — and it is this process that answers: its own
+    log says it bound the port (a port another process held once gave a test another
+    shard's node, whose answers looked healthy)."""
     deadline = time.monotonic() + timeout
+    bound = f"running on http://{server.host}:{server.port} "
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
         try:
             conn = http.client.HTTPConnection(server.host, server.port, timeout=2)
             conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
+            if conn.getresponse().status == 200 and bound in server.log()[server.log_from:]:
                 return
         except OSError:
             pass
@@ -203,13 +209,14 @@ def start_server(port: int, home: Path | None = None, *, netns: str | None = Non
         **{f"AENV_{k.upper()}": v for k, v in settings.items()},
     }
     log_path = home / "server.log"
+    log_from = len(log_path.read_text(errors="replace")) if log_path.exists() else 0
     with open(log_path, "ab") as log:
         enter = ["nsenter", f"--net=/run/netns/{netns}", "--"] if netns else []
         process = subprocess.Popen(
             [*enter, sys.executable, "-m", "aenv.server"], env=env, stdin=subprocess.DEVNULL,
             stdout=log, stderr=log, start_new_session=True, cwd=REPO,
         )
-    server = NodeServer(port, home, process, log_path, env, host)
+    server = NodeServer(port, home, process, log_path, env, host, log_from)
     try:
         wait_healthy(server)
     except BaseException:
