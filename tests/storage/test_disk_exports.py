@@ -46,6 +46,12 @@ async def test_exports_of_one_sandbox_take_turns(exports: DiskExports, tmp_path:
 
     running = asyncio.ensure_future(exports.export(first, before_pin))
     following = asyncio.ensure_future(exports.export(second))
+    # Until the first waits before its pin (its read took over 0.3 s on a loaded CI host),
+    # then a moment for the second to run if it (wrongly) did not wait its turn.
+    deadline = asyncio.get_running_loop().time() + 60
+    while not seen:
+        assert asyncio.get_running_loop().time() < deadline, "the first export never ended"
+        await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)
     # The first waits before its pin; the second has not read a byte meanwhile.
     assert seen == ["first exported"] and not following.done()
