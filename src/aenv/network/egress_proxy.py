@@ -34,16 +34,16 @@ import socket
 import ssl
 import struct
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
 
 import h11
 
-from aenv.core.errors import AenvError, Unavailable
+from aenv.core.errors import AenvError
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import egress_rules, nft
 from aenv.network.egress_dns import DnsAnswers, Resolver
+from aenv.network.egress_listeners import SlotListeners
 from aenv.network.egress_names import host_header, sni_of
 from aenv.network.egress_tls import GuestTls, Interception
 from aenv.network.socks_upstream import SocksUpstream, open_via
@@ -74,49 +74,7 @@ class _Writable(Protocol):
 
 
 _Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
-_Handler = Callable[["_Slot", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@dataclass
-class _Slot:
-    slot: NetSlot
-    policy: EgressPolicy
-    #: The servers' and transports' close, then the bound sockets (closed last: a server
-    #: stops watching its socket's descriptor before the descriptor goes).
-    closers: list[Callable[[], None]] = field(default_factory=list)
-    sockets: list[socket.socket] = field(default_factory=list)
-    #: True while an ``apply`` makes the listeners: a ``detach`` meanwhile leaves the
-    #: closing to it (a socket closed under a server being made leaves the loop watching a
-    #: closed descriptor).
-    making: bool = True
-    #: Set once detached.
-    closed: bool = False
-
-    def close(self) -> None:
-        self.closed = True
-        if self.making:
-            return
-        for close in self.closers:
-            close()
-        for sock in self.sockets:
-            sock.close()
-
-
-def _bound(ifname: str, kind: int, port: int, *, transparent: bool = False) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, kind)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if transparent:  # TPROXY's: it accepts connections to any address (nft.py)
-            sock.setsockopt(socket.SOL_IP, socket.IP_TRANSPARENT, 1)
-        # Bound to the slot's veth: replies go out through it (every guest has one address),
-        # and one port serves every slot, a listener each.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
-        sock.bind(("0.0.0.0", port))
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+_Handler = Callable[["SlotListeners", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 class EgressProxy:
@@ -126,7 +84,7 @@ class EgressProxy:
         self._never = tuple(never)
         self._internal = tuple(internal)
         self._node_nets = node_nets
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, SlotListeners] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: The value of a team's secret by name (None: not set), for the rules' headers; set
         #: by the node (orchestrator/secrets.py), None: no secret is ever put in.
@@ -157,45 +115,21 @@ class EgressProxy:
         if held is not None:
             held.policy = policy
             return
-        held = _Slot(slot, policy)
-        tcp: list[tuple[socket.socket, _Handler]] = []
-        try:
-            for port, handler in ((nft.PROXY_HTTP_PORT, self._http),
-                                  (nft.PROXY_TLS_PORT, self._tls),
-                                  (nft.PROXY_TUNNEL_PORT, self._tunnel)):
-                held.sockets.append(_bound(slot.host_ifname, socket.SOCK_STREAM, port,
-                                           transparent=port == nft.PROXY_TUNNEL_PORT))
-                tcp.append((held.sockets[-1], handler))
-            udp = _bound(slot.host_ifname, socket.SOCK_DGRAM, nft.PROXY_DNS_PORT)
-            held.sockets.append(udp)
-        except OSError as exc:
-            held.making = False
-            held.close()
-            raise Unavailable(f"the egress proxy of network slot {slot.index} could not "
-                              f"listen: {exc.strerror or exc}; try again") from exc
+        held = SlotListeners(slot, policy)
+        held.bind((nft.PROXY_HTTP_PORT, nft.PROXY_TLS_PORT, nft.PROXY_TUNNEL_PORT),
+                  nft.PROXY_DNS_PORT, transparent=nft.PROXY_TUNNEL_PORT)
         self._slots[slot.index] = held
         try:
-            for sock, serve in tcp:
-                if held.closed:
-                    return
-                server = await asyncio.start_server(self._accepting(serve, held), sock=sock,
-                                                    limit=MAX_HEAD)
-                held.closers.append(server.close)
-            if held.closed:
-                return
-            transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            await held.serve(
+                [self._accepting(handler, held) for handler in (self._http, self._tls,
+                                                                self._tunnel)],
                 lambda: DnsAnswers(lambda: held.policy, self.allowed_addresses, self._tasks),
-                sock=udp)
-            held.closers.append(transport.close)
+                limit=MAX_HEAD)
         except BaseException:
             self.detach(slot.index, only=held)
             raise
-        finally:
-            held.making = False
-            if held.closed:
-                held.close()
 
-    def detach(self, index: int, *, only: _Slot | None = None) -> None:
+    def detach(self, index: int, *, only: SlotListeners | None = None) -> None:
         """Stop serving slot ``index`` (``only``: if it is still that registration)."""
         held = self._slots.get(index)
         if held is None or (only is not None and held is not only):
@@ -251,13 +185,13 @@ class EgressProxy:
 
     # -- connections ---------------------------------------------------------------------------
 
-    def _accepting(self, handler: _Handler, held: _Slot) -> Callable[
+    def _accepting(self, handler: _Handler, held: SlotListeners) -> Callable[
             [asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
         async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._serve(handler, held, reader, writer)
         return accepted
 
-    async def _serve(self, handler: _Handler, held: _Slot, reader: asyncio.StreamReader,
+    async def _serve(self, handler: _Handler, held: SlotListeners, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
@@ -272,7 +206,7 @@ class EgressProxy:
                 self._tasks.discard(task)
             writer.close()
 
-    async def _http(self, held: _Slot, reader: asyncio.StreamReader,
+    async def _http(self, held: SlotListeners, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter) -> None:
         async with asyncio.timeout(FIRST_BYTES_S):
             head = await reader.readuntil(b"\r\n\r\n")
@@ -293,7 +227,7 @@ class EgressProxy:
             return
         await self._splice(held, head, reader, writer, address, 80, name)
 
-    async def _headers(self, held: _Slot, templates: tuple[tuple[str, str], ...]
+    async def _headers(self, held: SlotListeners, templates: tuple[tuple[str, str], ...]
                        ) -> list[tuple[str, str]] | str:
         """The headers a rule sets, its secrets put in; or why they cannot be."""
         out = []
@@ -318,7 +252,7 @@ class EgressProxy:
             out.append((name, value))
         return out
 
-    async def _relay(self, held: _Slot, head: bytes, reader: _Readable, writer: _Writable,
+    async def _relay(self, held: SlotListeners, head: bytes, reader: _Readable, writer: _Writable,
                      upstream: _Connect, templates: tuple[tuple[str, str], ...]) -> None:
         """HTTP/1.1 request by request (h11), each request given the rule's headers (they
         replace the guest's own of the same name); the secrets never go to the guest.
@@ -379,7 +313,7 @@ class EgressProxy:
         finally:
             up_writer.close()
 
-    async def _tls(self, held: _Slot, reader: asyncio.StreamReader,
+    async def _tls(self, held: SlotListeners, reader: asyncio.StreamReader,
                    writer: asyncio.StreamWriter) -> None:
         async with asyncio.timeout(FIRST_BYTES_S):
             header = await reader.readexactly(5)
@@ -403,7 +337,7 @@ class EgressProxy:
             return
         await self._splice(held, header + record, reader, writer, address, 443, name)
 
-    async def _intercept(self, held: _Slot, hello: bytes, reader: asyncio.StreamReader,
+    async def _intercept(self, held: SlotListeners, hello: bytes, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter, name: str, address: str,
                          templates: tuple[tuple[str, str], ...]) -> None:
         """A host with rules over HTTPS: the guest's TLS ends here (a certificate for
@@ -422,7 +356,7 @@ class EgressProxy:
         await self._relay(held, b"", guest, guest, partial(
             self._open, held.policy, address, 443, name, tls=interception.upstream), templates)
 
-    async def _tunnel(self, held: _Slot, reader: asyncio.StreamReader,
+    async def _tunnel(self, held: SlotListeners, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         """Any other TCP of a slot with a SOCKS5 upstream: the address it dialled (the
         transparent socket's own) judged by the policy, then through the upstream."""
@@ -458,7 +392,7 @@ class EgressProxy:
                 raise
         return up_reader, up_writer
 
-    async def _splice(self, held: _Slot, first: bytes, reader: asyncio.StreamReader,
+    async def _splice(self, held: SlotListeners, first: bytes, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter, address: str, port: int,
                       name: str | None) -> None:
         try:
