@@ -35,6 +35,13 @@ def ours() -> set[int]:
     return {i for i in slots.existing() if TEST_FIRST <= i <= TEST_LAST}
 
 
+async def shut(pool: SlotPool) -> None:
+    """Release every slot ``pool`` leases, then close it (its ready slots go too)."""
+    for slot in pool.leased():
+        await pool.release(slot)
+    await pool.close()
+
+
 @pytest.fixture
 async def pool() -> AsyncIterator[SlotPool]:
     """A started pool in the test range (no background refill unless a test asks)."""
@@ -43,9 +50,7 @@ async def pool() -> AsyncIterator[SlotPool]:
     try:
         yield pool
     finally:
-        for slot in pool.leased():
-            await pool.release(slot)
-        await pool.close()
+        await shut(pool)
     assert ours() == set(), "a test left network slots behind"
 
 

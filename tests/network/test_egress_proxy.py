@@ -24,7 +24,7 @@ from aenv.network.egress_tls import Interception
 from aenv.network.pool import SlotPool
 from aenv.orchestrator.egress import policy_from
 from tests.network.egress_world import World, egress_world, key_digest, socks5
-from tests.network.fixtures import ours, pool_config
+from tests.network.fixtures import ours, pool_config, shut
 from tests.network.peers import ECHO_PORT, InternetPeer
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.anyio]
@@ -134,9 +134,7 @@ async def proxied_pool(world: World) -> object:
     try:
         yield pool
     finally:
-        for slot in pool.leased():
-            await pool.release(slot)
-        await pool.close()
+        await shut(pool)
     assert ours() == set(), "a test left network slots behind"
 
 

@@ -16,7 +16,7 @@ from aenv.core.net import GATEWAY_IP, GUEST_IP, GUEST_MAC, EgressPolicy
 from aenv.network import nft, slots
 from aenv.network import pool as pool_module
 from aenv.network.pool import SlotPool
-from tests.network.fixtures import TEST_FIRST, TEST_LAST, ours, pool_config
+from tests.network.fixtures import TEST_FIRST, TEST_LAST, ours, pool_config, shut
 from tests.network.peers import wait_gone
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.anyio]
@@ -88,9 +88,7 @@ async def test_the_pool_keeps_slots_ready() -> None:
         await pool.acquire()
         await _until(lambda: pool.ready_count == 3)  # below low: refilled up to high
     finally:
-        for slot in pool.leased():
-            await pool.release(slot)
-        await pool.close()
+        await shut(pool)
     assert ours() == set()
 
 
@@ -154,9 +152,7 @@ async def test_sweep_and_refill_at_start_keep_every_ready_slot_whole() -> None:
         assert table is not None
         assert {i for i in leftovers if i in table.slots or i in table.chains} == set()
     finally:
-        for slot in pool.leased():
-            await pool.release(slot)
-        await pool.close()
+        await shut(pool)
     assert ours() == set()
 
 
@@ -222,9 +218,7 @@ async def test_a_slot_whose_teardown_failed_is_removed_on_a_later_try(
         await _until(lambda: not slots.exists(slot.index), timeout=5)
         assert slot.index not in await pool.sweep()  # nothing left for a sweep to find
     finally:
-        for leased in pool.leased():
-            await pool.release(leased)
-        await pool.close()
+        await shut(pool)
     assert ours() == set()
 
 

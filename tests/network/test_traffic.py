@@ -16,7 +16,7 @@ import pytest
 from aenv.core.net import EgressPolicy, NetSlot
 from aenv.network import guest_http
 from aenv.network.pool import SlotPool
-from tests.network.fixtures import pool_config
+from tests.network.fixtures import pool_config, shut
 from tests.network.peers import (
     ECHO_PORT,
     HOLD,
@@ -187,6 +187,4 @@ async def test_a_network_that_comes_up_later_is_denied_within_the_refresh() -> N
         assert not any(ipaddress.ip_address(late.ip) in net for net in gone)
     finally:
         late.stop()
-        for leased in pool.leased():
-            await pool.release(leased)
-        await pool.close()
+        await shut(pool)
