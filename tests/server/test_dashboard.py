@@ -413,6 +413,67 @@ def test_sign_in_list_open_act_and_kill(node: NodeServer,
             api.delete(f"/sandboxes/{sandbox_id}")
 
 
+# -- no answer ---------------------------------------------------------------------------------
+
+#: Makes the page's next ``n`` fetches of ``method`` fail as a connection the browser reused
+#: and found reset does (TypeError "Failed to fetch"), and counts every fetch by method.
+FAIL_NEXT_FETCHES = """
+const [method, n] = arguments;
+if (!window.realFetch) window.realFetch = window.fetch;
+window.toFail = { method, left: n };
+window.fetches = { GET: 0, POST: 0, DELETE: 0 };
+window.fetch = (url, init) => {
+  const m = (init && init.method) || "GET";
+  window.fetches[m] = (window.fetches[m] || 0) + 1;
+  if (m === window.toFail.method && window.toFail.left > 0) {
+    window.toFail.left--;
+    return Promise.reject(new TypeError("Failed to fetch"));
+  }
+  return window.realFetch(url, init);
+};
+"""
+
+
+def test_a_read_without_an_answer_is_tried_again_an_action_is_not(
+        node: NodeServer, browser_for: Callable[[NodeServer], Browser]) -> None:
+    with _api(node) as api:
+        sid = api.post("/sandboxes", json={"templateID": "base",
+                                           "metadata": {"suite": "no-answer"}}).json()["sandboxID"]
+    b = browser_for(node)
+    b.open()
+    b.sign_in(API_KEY)
+    b.until(lambda: sid in b.row_ids(), what="the sandbox listed")
+    b.settle()
+
+    # Two lost answers: the third try lists, and the banner never shows.
+    b.js(FAIL_NEXT_FETCHES, "GET", 2)
+    before = b.generation()
+    b.find("refresh").click()
+    b.until(lambda: b.generation() > before, what="the list after two lost answers")
+    assert b.banner() is None
+    assert b.js("return window.toFail.left") == 0 and sid in b.row_ids()
+
+    # Three lost answers: the page says so.
+    b.settle()
+    b.js(FAIL_NEXT_FETCHES, "GET", 3)
+    b.find("refresh").click()
+    b.until(lambda: "could not be reached" in (b.banner() or ""), what="the banner")
+    assert "GET /v2/sandboxes → no answer" in (b.banner() or "")
+    assert b.js("return window.fetches.GET") == 3
+
+    # An action whose answer is lost is not sent again: the node may have taken it.
+    b.open(f"#sandbox/{sid}")
+    b.until(lambda: b.find("action-pause").is_enabled(), what="the pause button")
+    b.js(FAIL_NEXT_FETCHES, "POST", 1)
+    b.find("action-pause").click()
+    b.until(lambda: "POST" in (b.banner() or ""), what="the pause's banner")
+    assert "no answer" in (b.banner() or "")
+    assert b.js("return window.fetches.POST") == 1
+    with _api(node) as api:
+        assert api.get(f"/sandboxes/{sid}").json()["state"] == "running"
+        assert api.delete(f"/sandboxes/{sid}").status_code == 204
+
+
 # -- at scale --------------------------------------------------------------------------------
 
 async def _create_many(url: str, count: int) -> list[str]:

@@ -83,12 +83,7 @@ async function api(method, path, { query, body } = {}) {
     headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
   }
-  let response;
-  try {
-    response = await fetch(url, init);
-  } catch (err) {
-    throw new ApiError(0, `the server could not be reached (${err.message})`, method, path);
-  }
+  const response = await send(url, init, method, path);
   const text = await response.text();
   let data = null;
   if (text) {
@@ -104,6 +99,25 @@ async function api(method, path, { query, body } = {}) {
     throw new ApiError(response.status, message, method, path);
   }
   return { data, headers: response.headers, status: response.status };
+}
+
+// A fetch that got no answer at all (a connection reset as the browser reused it, a busy
+// host) is tried again after a pause when it reads (GET); anything else would repeat an
+// action the node may have taken, so its failure goes straight to the banner.
+const RETRY_PAUSES_MS = [250, 1000];
+
+async function send(url, init, method, path) {
+  const pauses = method === "GET" ? RETRY_PAUSES_MS : [];
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await fetch(url, init);
+    } catch (err) {
+      if (attempt >= pauses.length) {
+        throw new ApiError(0, `the server could not be reached (${err.message})`, method, path);
+      }
+      await new Promise((resolve) => setTimeout(resolve, pauses[attempt]));
+    }
+  }
 }
 
 // Run an action; an error goes to the banner (a 401 also signs out). Returns undefined then.
