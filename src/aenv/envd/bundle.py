@@ -61,6 +61,10 @@ BUNDLE_FORMAT = 1
 PYTHON_FLAGS = ("-P", "-S", "-s", "-B")
 #: The launcher is static because the image may have no libc; -Werror keeps it warning-free.
 LAUNCHER_CFLAGS = ("-static", "-Os", "-s", "-Wall", "-Wextra", "-Werror")
+#: exec-as is on every command's path and links no libc (launcher/exec_as.c says why); gcc must
+#: not turn its loops into calls to a memcpy or memset that is not there.
+EXEC_AS_CFLAGS = (*LAUNCHER_CFLAGS, "-nostdlib", "-ffreestanding", "-fno-stack-protector",
+                  "-fno-tree-loop-distribute-patterns")
 #: Unchecked hashes: the bundle is read-only and never changes after the build, so the
 #: interpreter must neither stat sources to validate bytecode nor try to rewrite it.
 COMPILEALL_FLAGS = ("-q", "-j", "0", "-o", "0", "--invalidation-mode", "unchecked-hash")
@@ -245,7 +249,7 @@ async def _build_into(tmp: Path, sources: Sources, say: Progress) -> Manifest:
     await proc.run(["gcc", *LAUNCHER_CFLAGS, *defines, *launcher], timeout=STEP_TIMEOUT_S)
     # envd finds it at sys.prefix/bin/exec-as and spawns user commands through it (vfork).
     exec_as = [str(sources.launcher_c.with_name("exec_as.c")), "-o", str(tmp / "bin" / "exec-as")]
-    await proc.run(["gcc", *LAUNCHER_CFLAGS, *exec_as], timeout=STEP_TIMEOUT_S)
+    await proc.run(["gcc", *EXEC_AS_CFLAGS, *exec_as], timeout=STEP_TIMEOUT_S)
     sudo = [str(sources.launcher_c.with_name("sudo.c")), "-o", str(tmp / "bin" / "sudo")]
     await proc.run(["gcc", *LAUNCHER_CFLAGS, *sudo], timeout=STEP_TIMEOUT_S)
     # Sandboxes of this bundle get volume slots (envd/volume_binds.py); the runtime reads it.
