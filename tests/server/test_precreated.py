@@ -14,11 +14,13 @@ import re
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from e2b import Sandbox
 
+from aenv.orchestrator.pool_demand import BURST_S
 from tests.counter import COUNT
-from tests.server.harness import NodeServer, leaked_sandboxes, serving, start_server
+from tests.server.harness import API_KEY, NodeServer, leaked_sandboxes, serving, start_server
 
 pytestmark = [pytest.mark.gvisor, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -29,7 +31,12 @@ def _wait_precreated(node: NodeServer, at_least: int, timeout: float = 120.0) ->
     while len(_PRECREATED.findall(node.log())) < at_least:
         assert time.monotonic() < deadline, f"fewer than {at_least} sandboxes were pre-created"
         time.sleep(0.2)
-    time.sleep(0.3)  # the last one is in the pool once its log line is written
+    # The log line comes before the sandbox is in the pool: wait until none is being made
+    # (a fixed pause was too short on a loaded CI host).
+    while httpx.get(f"{node.url}/node/pools", headers={"X-API-KEY": API_KEY},
+                    timeout=30).json()["making"]:
+        assert time.monotonic() < deadline, "the pool kept making sandboxes"
+        time.sleep(0.1)
 
 
 def _how_created(node: NodeServer, sandbox_ids: list[str]) -> dict[str, str]:
@@ -62,7 +69,8 @@ def test_fork_draws_from_the_pool_then_restores_the_rest_afresh_and_the_pool_gro
         nonce = f"n-{time.time_ns()}"
         parent.files.write("/home/user/nonce", nonce)
         parent.commands.run(COUNT)
-        time.sleep(0.3)
+        # Apart from the parent's create by more than BURST_S: demands within it add up.
+        time.sleep(BURST_S + 0.2)
         children = parent.fork(count=5, timeout=120)
         assert all(isinstance(c, Sandbox) for c in children), children
         how = _how_created(node, [c.sandbox_id for c in children])

@@ -4,6 +4,7 @@ it keeps a fork's family; it grows to demand and shrinks back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from aenv.orchestrator import precreated
 from aenv.orchestrator.deps import Template
 from aenv.orchestrator.pool_demand import Demand
-from aenv.orchestrator.precreated import Precreated, PrecreatedPool, shape
+from aenv.orchestrator.precreated import Precreated, PrecreatedPool, shape, shape_of
 
 
 def _node(tmp_path: Path) -> Any:
@@ -45,13 +46,58 @@ def test_a_pool_stopped_while_it_changes_shape_destroys_the_sandbox_it_was_disca
             pool._ready.append(Precreated(name, old, slot=None, instance=None))  # type: ignore[arg-type]
         pool._template = Template("base", None, (tmp_path / "base-layer",))
         fill = asyncio.create_task(pool._fill())
-        await asyncio.sleep(0.05)  # in the destroy of "a"
+        await asyncio.sleep(0.05)  # in the destroys of "a" and "b"
         fill.cancel()
         with pytest.raises(asyncio.CancelledError):
             await fill
-        assert released == ["a"]
-        await pool.close()  # "b" is still queued: close destroys it
-        assert released == ["a", "b"]
+        assert sorted(released) == ["a", "b"] and pool.ready == 0
+        await pool.close()
+        assert sorted(released) == ["a", "b"]
+
+    asyncio.run(scenario())
+
+
+def test_a_shape_change_destroys_the_old_sandboxes_at_once_then_makes_new_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a fork changed the shape, 16 old sandboxes destroyed one after another (~0.2 s
+    each on the host) held back the first new one by 3.2 s: the next wave found half of its
+    children made. They go all at once, and every old one, wherever it is in the queue."""
+    loop_time: list[float] = []
+    released: list[str] = []
+    making = asyncio.Event()
+
+    async def slow_release(node: Any, sandbox_id: str, slot: Any, instance: Any) -> None:
+        await asyncio.sleep(0.3)
+        released.append(sandbox_id)
+
+    async def make(node: Any, sandbox_id: str, template: Template) -> Any:
+        loop_time.append(asyncio.get_running_loop().time())
+        making.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(precreated, "release", slow_release)
+    monkeypatch.setattr(precreated, "precreate_sandbox", make)
+
+    async def scenario() -> None:
+        pool = PrecreatedPool(size=10)
+        pool._node = _node(tmp_path)
+        base = Template("base", None, (tmp_path / "base-layer",))
+        fork = Template("fork", None, (tmp_path / "fork-layer",))
+        old, new = (shape_of(pool._node, t) for t in (base, fork))
+        pool._ready.extend(Precreated(f"old{i}", old, slot=None, instance=None)  # type: ignore[arg-type]
+                           for i in range(8))
+        pool._ready.insert(4, Precreated("new0", new, slot=None, instance=None))  # type: ignore[arg-type]
+        pool._ready.append(Precreated("old8", old, slot=None, instance=None))  # type: ignore[arg-type]
+        pool._template = fork
+        started = asyncio.get_running_loop().time()
+        fill = asyncio.create_task(pool._fill())
+        await making.wait()
+        fill.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fill
+        assert sorted(released) == sorted(f"old{i}" for i in range(9))
+        assert [p.sandbox_id for p in pool._ready] == ["new0"]
+        assert loop_time[0] - started < 0.6  # one destroy's time, not nine
 
     asyncio.run(scenario())
 
