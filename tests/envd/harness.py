@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aenv.envd.bundle import EXEC_AS_CFLAGS, LAUNCHER_CFLAGS
+from aenv.envd.bundle import launcher_cflags
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BUNDLE = REPO / "build" / "envd-bundle"
@@ -106,8 +106,8 @@ def dev_static(source_name: str, out_name: str) -> Path:
     if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out_name}.{os.getpid()}.tmp")  # shards build at once
-        flags = EXEC_AS_CFLAGS if source_name == "exec_as.c" else LAUNCHER_CFLAGS
-        subprocess.run(["gcc", *flags, "-o", str(tmp), str(source)], check=True)
+        subprocess.run(["gcc", *launcher_cflags(source_name), "-o", str(tmp), str(source)],
+                       check=True)
         tmp.replace(out)
     return out
 

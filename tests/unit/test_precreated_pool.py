@@ -22,20 +22,24 @@ def _node(tmp_path: Path) -> Any:
     return SimpleNamespace(settings=settings, envd_bundle=tmp_path / "envd")
 
 
+def _slow_release(released: list[str]) -> Any:
+    """``release`` as the host makes it: ~0.3 s (reaping the processes), then noted."""
+    async def release(node: Any, sandbox_id: str, slot: Any, instance: Any) -> None:
+        await asyncio.sleep(0.3)
+        released.append(sandbox_id)
+    return release
+
+
 def test_a_pool_stopped_while_it_changes_shape_destroys_the_sandbox_it_was_discarding(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found in CI: the node stopped while the pool discarded sandboxes of a deleted
     snapshot's shape; the cancelled destroy left that sandbox's runsc processes running."""
     released: list[str] = []
 
-    async def slow_release(node: Any, sandbox_id: str, slot: Any, instance: Any) -> None:
-        await asyncio.sleep(0.3)  # a destroy waits for the host to reap the processes
-        released.append(sandbox_id)
-
     async def never(*args: Any) -> Any:
         await asyncio.Event().wait()
 
-    monkeypatch.setattr(precreated, "release", slow_release)
+    monkeypatch.setattr(precreated, "release", _slow_release(released))
     monkeypatch.setattr(precreated, "precreate_sandbox", never)
 
     async def scenario() -> None:
@@ -66,16 +70,12 @@ def test_a_shape_change_destroys_the_old_sandboxes_at_once_then_makes_new_ones(
     released: list[str] = []
     making = asyncio.Event()
 
-    async def slow_release(node: Any, sandbox_id: str, slot: Any, instance: Any) -> None:
-        await asyncio.sleep(0.3)
-        released.append(sandbox_id)
-
     async def make(node: Any, sandbox_id: str, template: Template) -> Any:
         loop_time.append(asyncio.get_running_loop().time())
         making.set()
         await asyncio.Event().wait()
 
-    monkeypatch.setattr(precreated, "release", slow_release)
+    monkeypatch.setattr(precreated, "release", _slow_release(released))
     monkeypatch.setattr(precreated, "precreate_sandbox", make)
 
     async def scenario() -> None:

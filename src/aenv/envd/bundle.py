@@ -65,6 +65,11 @@ LAUNCHER_CFLAGS = ("-static", "-Os", "-s", "-Wall", "-Wextra", "-Werror")
 #: not turn its loops into calls to a memcpy or memset that is not there.
 EXEC_AS_CFLAGS = (*LAUNCHER_CFLAGS, "-nostdlib", "-ffreestanding", "-fno-stack-protector",
                   "-fno-tree-loop-distribute-patterns")
+
+
+def launcher_cflags(source_name: str) -> tuple[str, ...]:
+    """gcc's flags for one of ``launcher/``'s helpers (the bundle's and the tests' builds)."""
+    return EXEC_AS_CFLAGS if source_name == "exec_as.c" else LAUNCHER_CFLAGS
 #: Unchecked hashes: the bundle is read-only and never changes after the build, so the
 #: interpreter must neither stat sources to validate bytecode nor try to rewrite it.
 COMPILEALL_FLAGS = ("-q", "-j", "0", "-o", "0", "--invalidation-mode", "unchecked-hash")
@@ -249,7 +254,7 @@ async def _build_into(tmp: Path, sources: Sources, say: Progress) -> Manifest:
     await proc.run(["gcc", *LAUNCHER_CFLAGS, *defines, *launcher], timeout=STEP_TIMEOUT_S)
     # envd finds it at sys.prefix/bin/exec-as and spawns user commands through it (vfork).
     exec_as = [str(sources.launcher_c.with_name("exec_as.c")), "-o", str(tmp / "bin" / "exec-as")]
-    await proc.run(["gcc", *EXEC_AS_CFLAGS, *exec_as], timeout=STEP_TIMEOUT_S)
+    await proc.run(["gcc", *launcher_cflags("exec_as.c"), *exec_as], timeout=STEP_TIMEOUT_S)
     sudo = [str(sources.launcher_c.with_name("sudo.c")), "-o", str(tmp / "bin" / "sudo")]
     await proc.run(["gcc", *LAUNCHER_CFLAGS, *sudo], timeout=STEP_TIMEOUT_S)
     # Sandboxes of this bundle get volume slots (envd/volume_binds.py); the runtime reads it.

@@ -200,7 +200,7 @@ class PrecreatedPool:
         ready, self._ready = list(self._ready), deque()
         if ready:
             log.info("destroying %d pre-created sandboxes", len(ready))
-        await asyncio.gather(*(self._discard(pre) for pre in ready))
+        await self._discard_each(ready)
 
     async def _fill(self) -> None:
         delay = RETRY_S
@@ -246,14 +246,18 @@ class PrecreatedPool:
         return Precreated(sandbox_id, shape, slot, instance)
 
     async def _discard_other_shapes(self, wanted: Shape) -> None:
-        """Destroy every waiting sandbox not of ``wanted``'s shape, all at once: each waits
-        ~0.2 s on the host, and one after another 16 of a shape a fork had just replaced held
-        the new shape's first sandbox back by 3.2 s (the next wave found 8 of 16 made)."""
+        """Destroy every waiting sandbox not of ``wanted``'s shape, all at once: one after
+        another, 16 of a shape a fork had just replaced held the new shape's first sandbox
+        back by 3.2 s (the next wave found 8 of 16 made)."""
         stale = [p for p in self._ready if p.shape != wanted]
-        if not stale:
-            return
-        self._ready = deque(p for p in self._ready if p.shape == wanted)
-        outcomes = await asyncio.gather(*(self._discard(p) for p in stale),
+        if stale:
+            self._ready = deque(p for p in self._ready if p.shape == wanted)
+            await self._discard_each(stale)
+
+    async def _discard_each(self, doomed: list[Precreated]) -> None:
+        """Destroy ``doomed`` (already out of the queue) at once — each waits ~0.2-1 s for the
+        host to reap its processes — and every one to its end; then the first failure."""
+        outcomes = await asyncio.gather(*(self._discard(p) for p in doomed),
                                         return_exceptions=True)
         failed = [o for o in outcomes if isinstance(o, BaseException)]
         if failed:
