@@ -23,7 +23,7 @@ import uvicorn
 from aenv.api.app import NodeApp, build_api
 from aenv.compose.parts import api_key_for, console
 from aenv.compose.root import running_node
-from aenv.core import faults, log_setup
+from aenv.core import faults, log_setup, proc
 from aenv.core.errors import FailedPrecondition
 from aenv.core.locks import HeldLock, lock_home, lock_slot_range
 from aenv.core.settings import Settings
@@ -159,6 +159,7 @@ def main(settings: Settings | None = None) -> None:
     # The runtime's sandbox processes are re-parented to us, not to PID 1, and reaped as
     # soon as they exit (runtime/reaper.py): a kill no longer waits for a slow init.
     reaper.become_subreaper()
+    proc.watch_children_by_pidfd()
     try:
         asyncio.run(serve(settings))
     finally:

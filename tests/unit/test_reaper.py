@@ -35,3 +35,52 @@ def test_adopted_zombies_are_reaped_and_own_children_left_to_asyncio() -> None:
     # The orphan is too young at first, reaped once old enough; the node's own child still
     # reports its exit status (7), not asyncio's 255 for a child someone else reaped.
     assert done.stdout.split() == ["0", "1", "7"], done.stderr
+
+
+NAMED = r"""
+import asyncio, os
+from aenv.core import proc
+from aenv.runtime import reaper
+
+async def main():
+    assert reaper.become_subreaper()
+    # Two orphans adopted by us; only the one named is reaped, and at once (no age rule).
+    a = int((await proc.run(["sh", "-c", "true & echo $!"])).text)
+    b = int((await proc.run(["sh", "-c", "true & echo $!"])).text)
+    await asyncio.sleep(0.2)
+    first = reaper.reap([a, 999999])
+    again = reaper.reap([a])
+    print(first == [a], again == [], reaper.reap_adopted([b]) == [b])
+
+asyncio.run(main())
+"""
+
+
+def test_reap_takes_only_the_named_adopted_processes() -> None:
+    done = subprocess.run([sys.executable, "-c", NAMED], capture_output=True, text=True,
+                          timeout=60, check=True)
+    # The named orphan at once (no age rule), not the other (still there for the sweep), and
+    # a pid that is nobody's child is no error.
+    assert done.stdout.split() == ["True", "True", "True"], done.stderr
+
+
+PIDFD = r"""
+import asyncio
+from aenv.core import proc
+
+assert proc.watch_children_by_pidfd()
+
+async def main():
+    done = await asyncio.gather(*(proc.run(["sh", "-c", f"exit {i}"], check=False)
+                                  for i in range(8)))
+    print(type(asyncio.get_child_watcher()).__name__, [d.returncode for d in done])
+
+asyncio.run(main())
+"""
+
+
+def test_children_are_watched_by_pidfd_with_their_exit_statuses() -> None:
+    done = subprocess.run([sys.executable, "-c", PIDFD], capture_output=True, text=True,
+                          timeout=60, check=True)
+    watcher, statuses = done.stdout.strip().split(maxsplit=1)
+    assert (watcher, statuses) == ("PidfdChildWatcher", "[0, 1, 2, 3, 4, 5, 6, 7]"), done.stderr

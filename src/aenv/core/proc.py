@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -190,6 +192,24 @@ async def _spawn(
         raise CommandError(args, None, str(exc)) from exc
     _SPAWNED.add(proc.pid)
     return proc
+
+
+def watch_children_by_pidfd() -> bool:
+    """Have asyncio learn of its children's exits from a pidfd each (Linux 5.3+) instead of
+    a thread each: Python 3.11's default watcher starts a thread per child and waits on the
+    event loop until it runs, 15 % of a node's event loop while it made and deleted 16
+    sandboxes (a dozen subprocesses each). Python 3.12 chooses pidfds itself. Call before the
+    loop starts; False where pidfds are missing (the default watcher stays)."""
+    if sys.version_info >= (3, 12) or not hasattr(asyncio, "PidfdChildWatcher"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
+    return True
 
 
 def spawned() -> frozenset[int]:

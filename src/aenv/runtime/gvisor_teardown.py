@@ -53,7 +53,7 @@ async def delete(runsc: Runsc, state_dir: Path, runtime_id: str, pid: int | None
     running = asyncio.ensure_future(runsc.delete(runtime_id))
     try:
         while not running.done():
-            reaper.reap_adopted(pids)
+            reaper.reap(pids)
             await asyncio.wait([running], timeout=REAP_POLL_S)
     except BaseException:
         running.cancel()
@@ -113,7 +113,7 @@ async def _wait_gone(pids: list[int]) -> list[int]:
     """Reap ``pids`` as they exit; those still alive after ``EXIT_TIMEOUT_S``."""
     deadline = time.monotonic() + EXIT_TIMEOUT_S
     while True:
-        reaper.reap_adopted(pids)
+        reaper.reap(pids)
         left = [p for p in pids if pid_alive(p)]
         if not left or time.monotonic() > deadline:
             return left

@@ -67,6 +67,23 @@ def reap_adopted(named: Iterable[int] = ()) -> list[int]:
     return reaped
 
 
+def reap(pids: Iterable[int]) -> list[int]:
+    """Reap those of ``pids`` (adopted runtime processes: a sandbox's, its gofer's) that have
+    exited; their pids. Only these: a delete in progress polls every few milliseconds, and
+    :func:`reap_adopted`'s walk over every child of the node (each of its threads' list,
+    each child's stat) cost 17 % of the node's event loop while 16 sandboxes were deleted at
+    once. A pid the node's ``proc`` started is left to asyncio, as there."""
+    own = proc.spawned()
+    reaped = []
+    for pid in pids:
+        if pid in own:
+            continue
+        with contextlib.suppress(ChildProcessError):  # not (or no longer) our child
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped.append(pid)
+    return reaped
+
+
 def _children() -> set[int]:
     found: set[int] = set()
     for path in Path(f"/proc/{os.getpid()}/task").glob("*/children"):

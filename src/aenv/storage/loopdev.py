@@ -28,8 +28,10 @@ LOSETUP_TIMEOUT_S = 30.0
 _ALREADY_DETACHED = ("No such device or address", "No such file or directory", "No such device")
 _SYS_BLOCK = "/sys/block"
 _DELETED = " (deleted)"
-#: How often :func:`wait_released` looks at sysfs again.
+_PARTITIONS = "/proc/partitions"
+#: How often :func:`wait_released` looks at sysfs again: first, and at the most.
 _RELEASE_POLL_S = 0.01
+_RELEASE_POLL_MAX_S = 0.05
 
 
 def require_tool(name: str, package: str) -> str:
@@ -66,16 +68,25 @@ def _read(path: str) -> str | None:
         return None
 
 
-def list_loops(sys_block: str = _SYS_BLOCK) -> list[LoopDevice]:
+def list_loops(sys_block: str = _SYS_BLOCK, partitions: str = _PARTITIONS) -> list[LoopDevice]:
     """Every attached loop device of this host (a detached one has no ``backing_file``).
+
+    Only the devices ``/proc/partitions`` lists are read: it names every block device with a
+    size, and a loop device has one from its attach to its detach (the kernel zeroes it in
+    the same step that clears the backing file; one attached to an empty file has none, and
+    no image of ours is empty). A host keeps every loop device it ever
+    made (168 here after a day of tests, 6 attached): reading each one's sysfs took ~1.4 ms
+    a call, on the node's event loop, several times per workspace attach and detach.
 
     Prerequisites: sysfs is mounted. On success: the devices, by name. On failure: never
     raises for a device that detaches while we read; an unreadable ``/sys/block`` gives ``[]``.
     """
-    try:
-        names = sorted(n for n in os.listdir(sys_block) if n.startswith("loop"))
-    except OSError:
-        return []
+    names = _sized_loops(partitions)
+    if names is None:
+        try:
+            names = sorted(n for n in os.listdir(sys_block) if n.startswith("loop"))
+        except OSError:
+            return []
     found: list[LoopDevice] = []
     for name in names:
         base = f"{sys_block}/{name}/loop"
@@ -93,6 +104,18 @@ def list_loops(sys_block: str = _SYS_BLOCK) -> list[LoopDevice]:
             )
         )
     return found
+
+
+def _sized_loops(partitions: str) -> list[str] | None:
+    """Names of the loop devices ``partitions`` lists (those with a size), or None when it
+    cannot be read (then every device is looked at)."""
+    try:
+        with open(partitions, encoding="ascii", errors="replace") as fh:
+            rows = fh.read().splitlines()
+    except OSError:
+        return None
+    names = (row.split()[-1] for row in rows[1:] if row.strip())
+    return sorted(name for name in names if name.startswith("loop"))
 
 
 def loops_backed_by(path: Path) -> list[LoopDevice]:
@@ -180,11 +203,13 @@ async def wait_released(path: Path, timeout_s: float) -> list[LoopDevice]:
     is done.
     """
     deadline = time.monotonic() + timeout_s
+    poll = _RELEASE_POLL_S
     while True:
         left = loops_backed_by(path)
         if not left or time.monotonic() >= deadline:
             return left
-        await asyncio.sleep(_RELEASE_POLL_S)
+        await asyncio.sleep(poll)
+        poll = min(poll * 1.5, _RELEASE_POLL_MAX_S)
 
 
 async def set_capacity(device: str) -> None:
