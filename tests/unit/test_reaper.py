@@ -52,8 +52,9 @@ def state(pid):
 async def main():
     assert reaper.become_subreaper()
     # Two orphans adopted by us; only the one named is reaped, and at once (no age rule).
-    a = int((await proc.run(["sh", "-c", "true & echo $!"])).text)
-    b = int((await proc.run(["sh", "-c", "true & echo $!"])).text)
+    # Each outlives its shell by far: it is alive when it is handed to us.
+    a = int((await proc.run(["sh", "-c", "sleep 1 & echo $!"])).text)
+    b = int((await proc.run(["sh", "-c", "sleep 1 & echo $!"])).text)
     deadline = time.monotonic() + 30  # a loaded host may take a while to run them to the end
     while {state(a), state(b)} != {"Z"} and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
