@@ -29,9 +29,14 @@ asyncio.run(main())
 """
 
 
-def test_adopted_zombies_are_reaped_and_own_children_left_to_asyncio() -> None:
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+def _run(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` in a child interpreter (a subreaper or a child watcher is process-wide)."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, check=True)
+
+
+def test_adopted_zombies_are_reaped_and_own_children_left_to_asyncio() -> None:
+    done = _run(SCRIPT)
     # The orphan is too young at first, reaped once old enough; the node's own child still
     # reports its exit status (7), not asyncio's 255 for a child someone else reaped.
     assert done.stdout.split() == ["0", "1", "7"], done.stderr
@@ -66,8 +71,7 @@ asyncio.run(main())
 
 
 def test_reap_takes_only_the_named_adopted_processes() -> None:
-    done = subprocess.run([sys.executable, "-c", NAMED], capture_output=True, text=True,
-                          timeout=60, check=True)
+    done = _run(NAMED)
     # The named orphan at once (no age rule), not the other (still a zombie, for the sweep);
     # a pid that is nobody's child is no error, and a second reap finds nothing.
     assert done.stdout.split() == ["True", "True", "True"], done.stderr
@@ -89,7 +93,6 @@ asyncio.run(main())
 
 
 def test_children_are_watched_by_pidfd_with_their_exit_statuses() -> None:
-    done = subprocess.run([sys.executable, "-c", PIDFD], capture_output=True, text=True,
-                          timeout=60, check=True)
+    done = _run(PIDFD)
     watcher, statuses = done.stdout.strip().split(maxsplit=1)
     assert (watcher, statuses) == ("PidfdChildWatcher", "[0, 1, 2, 3, 4, 5, 6, 7]"), done.stderr
