@@ -66,6 +66,7 @@ from aenv.orchestrator.settle import settle
 from aenv.orchestrator.spill import Spiller
 from aenv.orchestrator.spill_events import SpillEvents
 from aenv.orchestrator.supervisor import Supervisor
+from aenv.orchestrator.task_guard import run_task_guard_loop
 from aenv.orchestrator.team_metrics import TeamMeter
 from aenv.orchestrator.team_quota import QuotaGate
 from aenv.orchestrator.template_image import with_memory_image
@@ -270,6 +271,7 @@ async def _start(assembled: _Assembled, stack: contextlib.AsyncExitStack) -> Non
     loops: dict[str, Callable[[], Awaitable[None]]] = {
         "ttl": partial(run_ttl_loop, node), "idle": partial(run_idle_loop, node),
         "liveness": partial(run_liveness_loop, node), "reaper": reaper.sweep,
+        "task-guard": partial(run_task_guard_loop, node),
         "volume-release": node.volumes.run_release_loop,
         "audit": node.audit.run_flush_loop,
         "key-use": node.tenancy.run_flush_loop,

@@ -39,6 +39,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from aenv.envd import orphans
+
 log = logging.getLogger("envd.pidlimit")
 
 #: Where the sandbox's own cgroupfs goes: envd's tmpfs /dev, never the user's disk.
@@ -152,32 +154,6 @@ def _kill_all(limit: int) -> None:
             time.sleep(FAST_S)
     finally:
         _write(f"{USER}/pids.max", str(limit))
-    reaped = _reap_orphans()
+    reaped = orphans.reap()
     log.warning("the sandbox's processes reached their limit of %d tasks (a fork bomb?): "
                 "killed them all in %.2f s, reaped %d", limit, time.monotonic() - started, reaped)
-
-
-def _reap_orphans() -> int:
-    """Reap the zombies the kill left with envd, init of the sandbox, as their parent.
-
-    Left alone they would stay for good and count against ``RLIMIT_NPROC``: after a bomb as
-    ``user``, its 512 zombies made every later fork of that user fail. envd's own commands are
-    session leaders (``start_new_session``) and are reaped by the process manager, which needs
-    their status: only zombies in someone else's session are taken here.
-    """
-    reaped = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        # fields: state, ppid, pgrp, session, ...
-        if len(fields) > 3 and fields[0] == b"Z" and fields[1] == b"1" and int(fields[3]) != pid:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-                reaped += 1
-    return reaped

@@ -8,6 +8,7 @@ from types import FrameType
 
 import uvicorn
 
+from aenv.envd import orphans
 from aenv.envd.app import build_app
 from aenv.envd.eventloop import new_event_loop
 from aenv.envd.state import EnvdState
@@ -30,6 +31,7 @@ class _Server(uvicorn.Server):
     async def main_loop(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._exit = asyncio.Event()
+        orphans.watch(self._loop)
         if await self.on_tick(0):  # sets the default headers once; True if already exiting
             return
         while not self.should_exit:

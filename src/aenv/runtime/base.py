@@ -207,6 +207,17 @@ class Runtime(Protocol):
         it can take at most), or None when the driver cannot tell."""
         ...
 
+    def host_tasks(self, instance: Instance) -> int | None:
+        """Host tasks (threads) the running sandbox's runtime has now, counted against its
+        host pids limit, or None when the driver cannot tell."""
+        ...
+
+    async def kill_guest_processes(self, instance: Instance) -> int:
+        """SIGKILL every process in the guest but its init (envd), at once (a runaway:
+        a fork bomb); how many were signalled. The sandbox keeps running. Refuses a frozen
+        sandbox (``FailedPrecondition``) or one whose pause is in doubt (``InDoubt``)."""
+        ...
+
     def console_log(self, sandbox_id: str) -> Path | None:
         """The file the sandbox's init (envd) writes its stdout and stderr to, appended to
         across restores, while the sandbox has a runtime; None when the driver keeps none."""

@@ -112,3 +112,15 @@ def kill_left(relative: str) -> set[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return left
+
+
+def tasks(relative: str) -> int | None:
+    """Tasks (threads) in pids cgroup ``relative`` now (``pids.current``, v1 or v2), or None
+    if it has none."""
+    for path in (CGROUP_ROOT / "pids" / relative / "pids.current",
+                 CGROUP_ROOT / relative / "pids.current"):
+        try:
+            return int(path.read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None

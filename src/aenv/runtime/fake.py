@@ -304,6 +304,12 @@ class FakeRuntime:
         sandbox = self._sandboxes.get(instance.runtime_id)
         return None if sandbox is None else min(IDLE_MEMORY, sandbox.spec.memory_mb << 20)
 
+    def host_tasks(self, instance: Instance) -> int | None:
+        return None  # no host processes
+
+    async def kill_guest_processes(self, instance: Instance) -> int:
+        return 0
+
     async def wait_exit(self, instance: Instance) -> Exit:
         """Same contract as ``GvisorRuntime.wait_exit``: returns once the sandbox ended
         (``crash``, a checkpoint without ``leave_running``, ``destroy``); at once for one

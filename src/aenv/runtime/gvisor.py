@@ -42,7 +42,16 @@ from aenv.core.errors import (
     RuntimeFailure,
 )
 from aenv.core.net import NetSlot
-from aenv.runtime import cgroups, exits, gvisor_images, gvisor_pause, gvisor_teardown, oci, urpc
+from aenv.runtime import (
+    cgroups,
+    exits,
+    gvisor_images,
+    gvisor_pause,
+    gvisor_tasks,
+    gvisor_teardown,
+    oci,
+    urpc,
+)
 from aenv.runtime.base import (
     IMAGE_FILES,
     Exit,
@@ -488,6 +497,17 @@ class GvisorRuntime:
         """Bytes the sandbox's memory cgroup is charged now (guest memory and the files
         written into it; a memory image holds at most that), None if unknown."""
         return cgroups.memory_charged(self._cgroup(instance.runtime_id))
+
+    def host_tasks(self, instance: Instance) -> int | None:
+        """Tasks in the sandbox's host pids cgroup (sentry, gofer, ptrace stubs)."""
+        return cgroups.tasks(self._cgroup(instance.runtime_id))
+
+    async def kill_guest_processes(self, instance: Instance) -> int:
+        """Every guest process but envd SIGKILLed, the guest frozen meanwhile
+        (``runtime/gvisor_tasks.py``)."""
+        return await gvisor_tasks.kill_all_but_init(
+            self.runsc, instance.runtime_id, instance.sandbox_id,
+            self._pause_marker(instance.sandbox_id))
 
     def _cgroup(self, sandbox_id: str) -> str:
         return f"{self.config.cgroup_parent.strip('/')}/{sandbox_id}"

@@ -30,6 +30,7 @@ class Driver:
 
 
 def _gvisor(settings: Settings) -> Runtime:
+    from aenv.runtime import oci
     from aenv.runtime.gvisor import GvisorConfig, GvisorRuntime
 
     if settings.memory_merge:
@@ -43,7 +44,7 @@ def _gvisor(settings: Settings) -> Runtime:
         # Disk workspaces: the root's writes go through the gofer to the host overlay (whose
         # upper is the sandbox's disk image); /tmp stays in sandbox memory.
         overlay2="none" if disk else "root:memory", tmp_in_memory=disk,
-        platform=settings.runsc_platform))
+        platform=settings.runsc_platform, limits=oci.Limits(pids=settings.host_tasks_limit)))
 
 
 def _fake(settings: Settings) -> Runtime:

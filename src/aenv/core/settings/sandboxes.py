@@ -44,6 +44,21 @@ class SandboxSettings(Section):
     """``Retry-After`` (seconds) of a create's 429 (the node at its start or sandbox limit). The
     E2B SDKs retry a 429 up to three times after that long, so keep it short."""
 
+    host_tasks_limit: int = Field(default=8192, ge=256)
+    """Host tasks (threads) one sandbox's runtime may have: its host cgroup's ``pids.max``,
+    the host's backstop. Reaching it ends the sandbox (the sentry cannot start a thread).
+    On the ptrace platform the runtime keeps ~13 host tasks per guest process the sandbox
+    has run at once (traced stub threads, kept for reuse), so this allows ~600 concurrent
+    processes; 2,048 (the earlier value) ended a sandbox running 200 ``sleep``s."""
+
+    runaway_tasks: int = Field(default=2048, ge=0)
+    """At this many host tasks (of ``host_tasks_limit``), the node kills every process in the
+    sandbox but envd — a fork bomb, or a workload growing past what the host allows — and
+    the sandbox lives on (``orchestrator/task_guard.py``; ~150 concurrent processes on
+    ptrace). The kill itself adds ~3 host tasks per process killed, so keep it well below
+    the limit. Again only after the sandbox grew by ``task_guard.REGROWTH`` more (the
+    runtime keeps the tasks of the first). 0: off (a bomb ends its sandbox)."""
+
     max_fork_count: int = Field(default=100, ge=1, le=1000)
     """Most children one fork request may ask for."""
 
