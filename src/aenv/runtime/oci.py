@@ -90,8 +90,10 @@ DEFAULT_ENV = {
 class Limits:
     """Per-sandbox limits that are node policy rather than part of a create request."""
 
-    #: Host tasks of the whole sandbox (cgroup pids.max); a backstop for the host: reaching
-    #: it makes the sentry panic and the sandbox die (the death says so: runtime/exits.py).
+    #: Host tasks of the whole sandbox (cgroup pids.max; the node passes its
+    #: ``host_tasks_limit``, 8,192); a backstop for the host: reaching it makes the sentry
+    #: panic and the sandbox die (the death says so: runtime/exits.py). The node's task guard
+    #: stops a runaway guest well before.
     pids: int = 2048
     #: Guest processes per non-root user (RLIMIT_NPROC); root is not bound by it.
     nproc: int = 512
