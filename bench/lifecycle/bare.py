@@ -18,7 +18,7 @@ from aenv.core.net import NetSlot
 from aenv.core.settings import Settings
 from aenv.runtime import oci, urpc
 from aenv.runtime.base import ENVD_PORT, SandboxSpec
-from aenv.runtime.gvisor import CHECKPOINT_ARG
+from aenv.runtime.gvisor_checkpoint import CHECKPOINT_ARG
 from aenv.runtime.runsc import RUNSC, RunscConfig
 from aenv.storage.manifest import IMAGE_FILES
 from bench.lifecycle.common import (

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,7 +38,6 @@ from aenv.core.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    RuntimeFailure,
 )
 from aenv.core.net import NetSlot
 from aenv.runtime import (
@@ -50,10 +48,8 @@ from aenv.runtime import (
     gvisor_tasks,
     gvisor_teardown,
     oci,
-    urpc,
 )
 from aenv.runtime.base import (
-    IMAGE_FILES,
     Exit,
     Instance,
     MemoryImage,
@@ -61,6 +57,7 @@ from aenv.runtime.base import (
     SandboxSpec,
     Stats,
 )
+from aenv.runtime.gvisor_checkpoint import checkpoint_over_socket
 from aenv.runtime.gvisor_stats import StatsSampler
 from aenv.runtime.runsc import RUNSC, Runsc, RunscConfig, map_runsc_errors
 from aenv.runtime.slot_filler import SlotFiller
@@ -74,17 +71,6 @@ _STATUSES = {"created", "running", "paused", "stopped"}
 _ALIVE = {"created", "running", "paused"}
 #: How often ``wait_exit`` asks runsc about a sandbox whose pid it does not know.
 STATE_POLL_S = 1.0
-#: ``containerManager.Checkpoint``'s argument for a save that leaves the sandbox running, as
-#: runsc 20240729's CLI sends it with ``--compression=none --leave-running`` (RUNTIME-NOTES);
-#: the image files follow as descriptors: state, pages metadata, pages.
-CHECKPOINT_ARG = {
-    "metadata": {"compression": "none"},
-    "MemoryFileSaveOpts": {"ExcludeCommittedZeroPages": False},
-    "have_pages_file": True,
-    "Resume": True,
-}
-#: A save writes the sandbox's memory: seconds for a large one.
-CHECKPOINT_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -249,7 +235,7 @@ class GvisorRuntime:
             raise FailedPrecondition(f"checkpoint destination {dest} already exists") from exc
         try:
             if leave_running:
-                await self._checkpoint_over_socket(instance, dest)
+                await checkpoint_over_socket(self.runsc, instance, dest)
             else:
                 with map_runsc_errors(sid, "checkpoint", log=self.console_log(sid)):
                     await self.runsc.checkpoint(instance.runtime_id, dest, leave_running=False,
@@ -258,25 +244,6 @@ class GvisorRuntime:
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)
             raise
-
-    async def _checkpoint_over_socket(self, instance: Instance, dest: Path) -> None:
-        """A save that leaves the sandbox running, as ``containerManager.Checkpoint`` with
-        ``Resume`` on its control socket: what ``runsc checkpoint --leave-running`` sends,
-        without starting the CLI (and its network namespace wrapper) first, ~40-50 ms less.
-        The CLI stays for a save that ends the sandbox: it also tears the container down.
-        An unanswered call is a failure too: the save may have stopped half way, and the
-        image is removed either way."""
-        fds = [os.open(dest / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-               for name in IMAGE_FILES]
-        try:
-            await urpc.call(self.runsc.control_socket(instance.runtime_id),
-                            "containerManager.Checkpoint", CHECKPOINT_ARG, files=fds,
-                            timeout=CHECKPOINT_TIMEOUT_S)
-        except urpc.CallInDoubt as exc:
-            raise RuntimeFailure(f"checkpoint of sandbox {instance.sandbox_id}: {exc}") from exc
-        finally:
-            for fd in fds:
-                os.close(fd)
 
     async def freeze(self, instance: Instance) -> None:
         """Stop every task of the sandbox over its control socket (< 1 ms), the truth kept in
