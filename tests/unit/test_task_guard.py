@@ -75,12 +75,22 @@ def no_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(task_guard, "LIST_S", 0)
 
 
+def _started(node: FakeNode) -> task_guard.TaskGuard:
+    """A guard past its first look (which takes every sandbox's tasks as its floor)."""
+    guard = task_guard.TaskGuard(node)  # type: ignore[arg-type]
+    guard._started = True
+    return guard
+
+
 def test_only_the_runaway_is_stopped_and_not_again_until_it_grows() -> None:
     node = FakeNode([_record("bomb"), _record("calm")])
-    node.tasks = {"bomb": 2300, "calm": 900}
-    guard = task_guard.TaskGuard(node)  # type: ignore[arg-type]
+    node.tasks = {"bomb": 100, "calm": 900}
+    guard = _started(node)
 
     async def main() -> None:
+        await guard.check_all()
+        assert node.killed == []
+        node.tasks["bomb"] = 2300
         await guard.check_all()
         assert node.killed == ["bomb"] and guard.floors == {"bomb": 3300}
         assert node.events == [("bomb", task_guard.EVENT, {
@@ -97,7 +107,7 @@ def test_only_the_runaway_is_stopped_and_not_again_until_it_grows() -> None:
 def test_a_busy_or_changed_sandbox_is_left_alone() -> None:
     node = FakeNode([_record("bomb")])
     node.tasks = {"bomb": 2300}
-    guard = task_guard.TaskGuard(node)  # type: ignore[arg-type]
+    guard = _started(node)
 
     async def main() -> None:
         hold = asyncio.Event()
@@ -122,3 +132,23 @@ def test_a_busy_or_changed_sandbox_is_left_alone() -> None:
 def _instance_tasks(node: FakeNode) -> tuple[Instance, int]:
     slot = NetSlot(index=1, netns="n", netns_path="/n", host_ifname="h", guest_ifname="g")
     return Instance("bomb", "rt-bomb", 123, slot), node.tasks["bomb"]
+
+
+def test_a_restarted_node_counts_only_new_growth() -> None:
+    # Stopped before the restart (the runtime kept its tasks), and a calm one: nothing is
+    # killed at the first look; growth past the floor is a runaway again.
+    node = FakeNode([_record("bombed"), _record("calm")])
+    node.tasks = {"bombed": 3500, "calm": 70}
+    guard = task_guard.TaskGuard(node)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        await guard.check_all()
+        assert node.killed == [] and guard.floors == {"bombed": 3500, "calm": 70}
+        node.tasks["calm"] = AT
+        await guard.check_all()
+        assert node.killed == ["calm"]
+        node.tasks["bombed"] = 3500 + task_guard.REGROWTH
+        await guard.check_all()
+        assert node.killed == ["calm", "bombed"]
+
+    asyncio.run(main())

@@ -25,7 +25,8 @@ What it does not stop: a sandbox that grows past ``host_tasks_limit`` between tw
 whose second bomb finds the limit within reach, still dies, and its death says why
 ("too many processes": ``runtime/exits.py``).
 
-Owns: the floors (in memory: a restarted node starts from the limit alone). Must not touch:
+Owns: the floors (in memory: a restarted node takes what each sandbox has at its first look
+as its floor, so a sandbox stopped before the restart is not stopped again for it). Must not touch:
 a sandbox that is not ``running`` with the instance it read.
 """
 
@@ -78,6 +79,7 @@ class TaskGuard:
         self.floors: dict[str, int] = {}
         self._running: list[tuple[SandboxRecord, Instance]] = []
         self._listed = -LIST_S
+        self._started = False
 
     async def _list(self) -> list[tuple[SandboxRecord, Instance]]:
         if time.monotonic() - self._listed >= LIST_S:
@@ -87,6 +89,13 @@ class TaskGuard:
                              if (i := decode(r.instance, r.sandbox_id)[1]) is not None]
             live = {r.sandbox_id for r, _ in self._running}
             self.floors = {sid: n for sid, n in self.floors.items() if sid in live}
+            if not self._started:
+                # A restarted node does not know which sandboxes were stopped before: what
+                # each has now is its floor, so only new growth counts as a runaway.
+                self._started = True
+                for record, instance in self._running:
+                    if (tasks := self.node.runtime.host_tasks(instance)) is not None:
+                        self.floors[record.sandbox_id] = tasks
         return self._running
 
     async def check_all(self) -> None:
