@@ -286,9 +286,13 @@ async def apply(node: Node, record: SandboxRecord, action: Action,
         killed = record.state == S.KILLING
         if not killed:
             record = await node.store.update(record, state=S.KILLING)
-        if instance is None and observed is not None:
-            # A create (a fork child) cut short before its record named its runtime.
-            await node.runtime.destroy(Instance(sid, observed.runtime_id, observed.pid, slot))
+        if instance is None:
+            # A create (a fork child) or a resume cut short before its record named its
+            # runtime: what the driver has of it goes by id, seen running or not (torture: a
+            # kill preempting a cold resume, then SIGKILL, left the runtime's directory).
+            await node.runtime.destroy(Instance(
+                sid, observed.runtime_id if observed is not None else sid,
+                observed.pid if observed is not None else None, slot))
         await teardown(node, record)
         if killed:
             # A kill the crash cut short finishes as the kill would have (torture: a kill
