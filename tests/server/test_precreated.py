@@ -271,7 +271,8 @@ def test_a_resume_from_disk_takes_a_precreated_sandbox_and_survives_a_crash() ->
         into = dict(_RESTORED_INTO.findall(node.log()))
         assert sid in into and into[sid] != sid, "the resume did not use a pre-created sandbox"
         _check_resumed(again, nonce)
-        assert not (node.home / "sandboxes" / into[sid]).exists()
+        # The swapped-out rootfs goes in the background, off the resume's path.
+        _wait_gone(node.home / "sandboxes" / into[sid])
         assert not (node.home / "runtime" / into[sid]).exists()
         assert (node.home / "runtime" / sid / "bundle" / "container-id").read_text() == into[sid]
 
