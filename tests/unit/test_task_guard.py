@@ -152,3 +152,27 @@ def test_a_restarted_node_counts_only_new_growth() -> None:
         assert node.killed == ["calm", "bombed"]
 
     asyncio.run(main())
+
+
+def test_a_kill_that_fails_is_tried_again_only_after_a_while(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    node = FakeNode([_record("bomb")])
+    node.tasks = {"bomb": 2300}
+    guard = _started(node)
+    calls: list[str] = []
+
+    async def broken(instance: Instance) -> int:
+        calls.append(instance.sandbox_id)
+        raise RuntimeError("control socket gone")
+
+    node.runtime.kill_guest_processes = broken
+
+    async def main() -> None:
+        await guard.check_all()
+        await guard.check_all()  # within RETRY_S: left alone
+        assert calls == ["bomb"] and node.events == []
+        monkeypatch.setattr(task_guard, "RETRY_S", 0)
+        await guard.check_all()
+        assert calls == ["bomb", "bomb"]
+
+    asyncio.run(main())

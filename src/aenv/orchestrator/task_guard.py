@@ -63,6 +63,8 @@ OPERATION = "stop-runaway"
 EVENT = "processes-killed"
 #: Freeze, list, signal and thaw take ~1 s for 500 processes.
 DEADLINE_S = 30.0
+#: After a kill that failed, how long the sandbox is left alone (one WARNING each time).
+RETRY_S = 5.0
 
 
 def runaway(tasks: int | None, at: int, floor: int) -> bool:
@@ -80,6 +82,8 @@ class TaskGuard:
         self._running: list[tuple[SandboxRecord, Instance]] = []
         self._listed = -LIST_S
         self._started = False
+        #: Sandboxes whose last kill failed, and when.
+        self._failed: dict[str, float] = {}
 
     async def _list(self) -> list[tuple[SandboxRecord, Instance]]:
         if time.monotonic() - self._listed >= LIST_S:
@@ -89,6 +93,7 @@ class TaskGuard:
                              if (i := decode(r.instance, r.sandbox_id)[1]) is not None]
             live = {r.sandbox_id for r, _ in self._running}
             self.floors = {sid: n for sid, n in self.floors.items() if sid in live}
+            self._failed = {sid: t for sid, t in self._failed.items() if sid in live}
             if not self._started:
                 # A restarted node does not know which sandboxes were stopped before: what
                 # each has now is its floor, so only new growth counts as a runaway.
@@ -106,7 +111,9 @@ class TaskGuard:
         found: list[tuple[SandboxRecord, Instance, int]] = []
         for record, instance in await self._list():
             tasks = self.node.runtime.host_tasks(instance)
-            if tasks is not None and runaway(tasks, at, self.floors.get(record.sandbox_id, 0)):
+            if tasks is None or not runaway(tasks, at, self.floors.get(record.sandbox_id, 0)):
+                continue
+            if time.monotonic() - self._failed.get(record.sandbox_id, -RETRY_S) >= RETRY_S:
                 found.append((record, instance, tasks))
         if found:
             await asyncio.gather(*(self.stop(*one) for one in found))
@@ -128,9 +135,12 @@ class TaskGuard:
             done = await self.node.owners.run(sid, OPERATION, body, wait=0, deadline=DEADLINE_S)
         except (Conflict, NotFound):
             return  # busy (looked at again next round) or being killed
-        except Exception as exc:  # frozen, in doubt, the socket gone: the next round retries
-            log.warning("could not stop runaway sandbox %s (%d host tasks): %s", sid, tasks, exc)
+        except Exception as exc:  # frozen, in doubt, the socket gone: tried again later
+            self._failed[sid] = time.monotonic()
+            log.warning("could not stop runaway sandbox %s (%d host tasks; again in %g s): %s",
+                        sid, tasks, RETRY_S, exc)
             return
+        self._failed.pop(sid, None)
         if done is None:
             return
         killed, seconds = done
