@@ -19,7 +19,8 @@ the guest was starved by the bomb about half the time). So the node watches from
   but envd, and thaws it. Each command that was killed ends for its client with SIGKILL;
   envd reaps the orphans (``envd/orphans.py``) so the user can fork again at once. One
   WARNING line and a ``processes-killed`` event (host tasks before and after, processes
-  killed) say what happened.
+  killed) say what happened. A kill that fails (the socket gone, the sandbox frozen meanwhile) is
+  logged and tried again after ``RETRY_S``.
 
 What it does not stop: a sandbox that grows past ``host_tasks_limit`` between two rounds, or
 whose second bomb finds the limit within reach, still dies, and its death says why
