@@ -31,9 +31,15 @@ def test_a_runaway_is_at_the_threshold_and_then_only_after_regrowth() -> None:
     assert task_guard.runaway(floor + task_guard.REGROWTH, AT, floor)
 
 
-def _record(sandbox_id: str) -> SandboxRecord:
+def _instance(sandbox_id: str) -> Instance:
     slot = NetSlot(index=1, netns="n", netns_path="/n", host_ifname="h", guest_ifname="g")
-    instance = Instance(sandbox_id, f"rt-{sandbox_id}", 123, slot)
+    return Instance(sandbox_id, f"rt-{sandbox_id}", 123, slot)
+
+
+def _record(sandbox_id: str) -> SandboxRecord:
+    instance = _instance(sandbox_id)
+    assert instance.net is not None
+    slot = instance.net
     return SandboxRecord(
         sandbox_id=sandbox_id, template_id="base", state=SandboxState.RUNNING, version=1,
         created_at=0, started_at=0, end_at=0, cpu_count=1, memory_mb=512, disk_size_mb=1024,
@@ -123,15 +129,10 @@ def test_a_busy_or_changed_sandbox_is_left_alone() -> None:
         await busy
         # Paused meanwhile (the listing is older): the record decides, nothing is killed.
         node.records["bomb"] = replace(node.records["bomb"], state=SandboxState.PAUSED)
-        await guard.stop(_record("bomb"), *_instance_tasks(node))
+        await guard.stop(_record("bomb"), _instance("bomb"), node.tasks["bomb"])
         assert node.killed == [] and node.events == []
 
     asyncio.run(main())
-
-
-def _instance_tasks(node: FakeNode) -> tuple[Instance, int]:
-    slot = NetSlot(index=1, netns="n", netns_path="/n", host_ifname="h", guest_ifname="g")
-    return Instance("bomb", "rt-bomb", 123, slot), node.tasks["bomb"]
 
 
 def test_a_restarted_node_counts_only_new_growth() -> None:

@@ -28,16 +28,21 @@ def _everywhere(relative: str) -> list[Path]:
     return candidates
 
 
-def memory_charged(relative: str) -> int | None:
-    """Bytes memory cgroup ``relative`` is charged now (v1 ``memory.usage_in_bytes``, v2
-    ``memory.current``), or None if it has none."""
-    for path in (CGROUP_ROOT / "memory" / relative / "memory.usage_in_bytes",
-                 CGROUP_ROOT / relative / "memory.current"):
+def _counter(*paths: Path) -> int | None:
+    """The first of ``paths`` that holds a number (v1 controller's file, then v2's)."""
+    for path in paths:
         try:
             return int(path.read_text().strip())
         except (OSError, ValueError):
             continue
     return None
+
+
+def memory_charged(relative: str) -> int | None:
+    """Bytes memory cgroup ``relative`` is charged now (v1 ``memory.usage_in_bytes``, v2
+    ``memory.current``), or None if it has none."""
+    return _counter(CGROUP_ROOT / "memory" / relative / "memory.usage_in_bytes",
+                    CGROUP_ROOT / relative / "memory.current")
 
 
 def oom_kills(relative: str) -> tuple[int, int]:
@@ -117,10 +122,5 @@ def kill_left(relative: str) -> set[int]:
 def tasks(relative: str) -> int | None:
     """Tasks (threads) in pids cgroup ``relative`` now (``pids.current``, v1 or v2), or None
     if it has none."""
-    for path in (CGROUP_ROOT / "pids" / relative / "pids.current",
-                 CGROUP_ROOT / relative / "pids.current"):
-        try:
-            return int(path.read_text().strip())
-        except (OSError, ValueError):
-            continue
-    return None
+    return _counter(CGROUP_ROOT / "pids" / relative / "pids.current",
+                    CGROUP_ROOT / relative / "pids.current")
